@@ -1,0 +1,119 @@
+//! `shardfs verify`: is every metadata document and every shard of a hierarchy sound?
+
+use std::fs::{self, File};
+use std::path::Path;
+
+use super::scan::{key_files, read_node};
+use super::{CliError, Verdict};
+use crate::grid;
+use crate::shard::read_index;
+use crate::zarr::{ArrayMetadata, GroupMetadata, METADATA_FILE, Node, ShardLayout};
+
+struct Checker {
+    problems: usize,
+}
+
+impl Checker {
+    fn problem(&mut self, path: &Path, fault: impl std::fmt::Display) {
+        println!("{}: {fault}", path.display());
+        self.problems += 1;
+    }
+}
+
+pub fn run(path: &Path) -> Result<Verdict, CliError> {
+    let meta = path.metadata().map_err(|e| CliError::io(path, e))?;
+    if !meta.is_dir() {
+        return Err(CliError::Usage(format!(
+            "{} is not a directory",
+            path.display()
+        )));
+    }
+    let mut checker = Checker { problems: 0 };
+    checker.walk(path)?;
+    Ok(if checker.problems == 0 {
+        Verdict::Sound
+    } else {
+        Verdict::Problems
+    })
+}
+
+impl Checker {
+    fn walk(&mut self, dir: &Path) -> Result<(), CliError> {
+        match read_node(dir)? {
+            Some(Ok(Node::Array(array))) => return self.array(dir, &array),
+            Some(Ok(Node::Group(group))) => self.group(dir, &group),
+            Some(Err(e)) => self.problem(&dir.join(METADATA_FILE), e),
+            None => {}
+        }
+        let mut subdirs = Vec::new();
+        for entry in fs::read_dir(dir).map_err(|e| CliError::io(dir, e))? {
+            let entry = entry.map_err(|e| CliError::io(dir, e))?;
+            let ft = entry
+                .file_type()
+                .map_err(|e| CliError::io(&entry.path(), e))?;
+            if ft.is_dir() {
+                subdirs.push(entry.path());
+            }
+        }
+        subdirs.sort();
+        for sub in subdirs {
+            self.walk(&sub)?;
+        }
+        Ok(())
+    }
+
+    fn group(&mut self, dir: &Path, group: &GroupMetadata) {
+        let Some(entries) = group.consolidated_entries() else {
+            return;
+        };
+        let doc = dir.join(METADATA_FILE);
+        for (child, entry) in entries {
+            match Node::from_value(entry.clone()) {
+                Err(e) => self.problem(&doc, format!("consolidated entry {child:?}: {e}")),
+                Ok(Node::Array(a)) => {
+                    if let Err(e) = ShardLayout::of(&a)
+                        && e.is_invalid_metadata()
+                    {
+                        self.problem(&doc, format!("consolidated entry {child:?}: {e}"));
+                    }
+                }
+                Ok(Node::Group(_)) => {}
+            }
+        }
+    }
+
+    fn array(&mut self, dir: &Path, array: &ArrayMetadata) -> Result<(), CliError> {
+        let layout = match ShardLayout::of(array) {
+            Ok(Some(layout)) => layout,
+            Ok(None) => return Ok(()),
+            Err(e) if e.is_invalid_metadata() => {
+                self.problem(&dir.join(METADATA_FILE), e);
+                return Ok(());
+            }
+            Err(e) => {
+                eprintln!("{}: shards not checked: {e}", dir.display());
+                return Ok(());
+            }
+        };
+        let shard_grid = layout.shard_grid_shape();
+        let (files, _) = key_files(dir, layout.key_encoding, layout.ndim())?;
+        for f in files {
+            if !grid::inside(&f.coords, &shard_grid) {
+                self.problem(
+                    &f.path,
+                    format!(
+                        "shard {:?} lies outside the shard grid {shard_grid:?}",
+                        f.coords
+                    ),
+                );
+                continue;
+            }
+            let file = File::open(&f.path).map_err(|e| CliError::io(&f.path, e))?;
+            let len = file.metadata().map_err(|e| CliError::io(&f.path, e))?.len();
+            if let Err(e) = read_index(&file, len, &layout.index) {
+                self.problem(&f.path, e);
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,259 @@
+//! Assembles a shard file from chunks given as lists of `Bytes` segments. Segments are never
+//! concatenated: the result is the list of buffers of the whole file, in order, ready for one
+//! vectored write.
+
+use std::io::{self, IoSlice, Write};
+
+use bytes::Bytes;
+
+use super::index::{ChunkRange, IndexFormat, IndexLocation, ShardIndex};
+
+/// The content of one chunk: its bytes, in order, as the segments they arrived in.
+pub type Segments = Vec<Bytes>;
+
+/// Chunks of one shard, position by position, on their way to a shard file.
+#[derive(Debug)]
+pub struct ShardBuilder {
+    format: IndexFormat,
+    chunks: Vec<Option<Segments>>,
+}
+
+/// A whole shard file as an ordered list of buffers.
+#[derive(Debug)]
+pub struct EncodedShard {
+    buffers: Vec<Bytes>,
+    index: ShardIndex,
+    len: u64,
+}
+
+impl ShardBuilder {
+    pub fn new(format: IndexFormat) -> ShardBuilder {
+        let n = format.n_chunks();
+        ShardBuilder {
+            format,
+            chunks: vec![None; n],
+        }
+    }
+
+    /// Starts from an existing shard file: every chunk it holds is kept, as a slice of
+    /// `file` (no copy), unless later replaced or removed. `index` must have been validated
+    /// against `file`'s length.
+    pub fn over_existing(format: IndexFormat, file: &Bytes, index: &ShardIndex) -> ShardBuilder {
+        let mut builder = ShardBuilder::new(format);
+        for (pos, range) in index.present() {
+            let (start, end) = (range.offset as usize, range.end() as usize);
+            builder.chunks[pos] = Some(vec![file.slice(start..end)]);
+        }
+        builder
+    }
+
+    pub fn format(&self) -> &IndexFormat {
+        &self.format
+    }
+
+    /// Sets the chunk at C-order position `pos`, replacing what was there.
+    pub fn set(&mut self, pos: usize, segments: Segments) {
+        self.chunks[pos] = Some(segments);
+    }
+
+    pub fn remove(&mut self, pos: usize) {
+        self.chunks[pos] = None;
+    }
+
+    pub fn present_count(&self) -> usize {
+        self.chunks.iter().filter(|c| c.is_some()).count()
+    }
+
+    /// Lays out the shard: chunks in position order, index at the configured end.
+    /// `None` when every chunk is missing, which means "no shard file".
+    pub fn build(self) -> Option<EncodedShard> {
+        if self.chunks.iter().all(Option::is_none) {
+            return None;
+        }
+        let index_len = self.format.encoded_len();
+        let data_start = match self.format.location {
+            IndexLocation::Start => index_len,
+            IndexLocation::End => 0,
+        };
+        let mut index = ShardIndex::all_missing(self.chunks.len());
+        let mut buffers = Vec::with_capacity(self.chunks.len() + 1);
+        let mut offset = data_start;
+        for (pos, chunk) in self.chunks.into_iter().enumerate() {
+            let Some(segments) = chunk else { continue };
+            let nbytes: u64 = segments.iter().map(|s| s.len() as u64).sum();
+            index.set(pos, Some(ChunkRange { offset, nbytes }));
+            offset += nbytes;
+            buffers.extend(segments.into_iter().filter(|s| !s.is_empty()));
+        }
+        let encoded = Bytes::from(self.format.encode(&index));
+        match self.format.location {
+            IndexLocation::Start => buffers.insert(0, encoded),
+            IndexLocation::End => buffers.push(encoded),
+        }
+        Some(EncodedShard {
+            buffers,
+            index,
+            len: offset + if data_start == 0 { index_len } else { 0 },
+        })
+    }
+}
+
+impl EncodedShard {
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn index(&self) -> &ShardIndex {
+        &self.index
+    }
+
+    pub fn buffers(&self) -> &[Bytes] {
+        &self.buffers
+    }
+
+    pub fn io_slices(&self) -> Vec<IoSlice<'_>> {
+        self.buffers.iter().map(|b| IoSlice::new(b)).collect()
+    }
+
+    /// Writes the whole shard with vectored writes: one `writev` unless the kernel takes
+    /// less (IOV_MAX is 1024 buffers, and writes can be short), then the rest.
+    pub fn write_all_to(&self, out: &mut impl Write) -> io::Result<()> {
+        let mut slices = self.io_slices();
+        let mut rest: &mut [IoSlice<'_>] = &mut slices;
+        while !rest.is_empty() {
+            match out.write_vectored(rest) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => IoSlice::advance_slices(&mut rest, n),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// The file as one contiguous buffer; for tests and small tools, never the write path.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(self.len as usize);
+        for b in &self.buffers {
+            v.extend_from_slice(b);
+        }
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shard::index::IndexCodec;
+
+    fn format(location: IndexLocation) -> IndexFormat {
+        IndexFormat {
+            chunks_per_shard: vec![2, 2],
+            codec: IndexCodec::STANDARD,
+            location,
+        }
+    }
+
+    fn segs(parts: &[&'static [u8]]) -> Segments {
+        parts.iter().map(|p| Bytes::from_static(p)).collect()
+    }
+
+    fn chunk_bytes(file: &[u8], f: &IndexFormat, pos: usize) -> Option<Vec<u8>> {
+        let off = f.index_offset(file.len() as u64).unwrap() as usize;
+        let index = f
+            .decode(&file[off..off + f.encoded_len() as usize])
+            .unwrap();
+        f.validate(&index, file.len() as u64).unwrap();
+        index
+            .get(pos)
+            .map(|r| file[r.offset as usize..r.end() as usize].to_vec())
+    }
+
+    #[test]
+    fn builds_a_valid_shard_from_segments_at_either_location() {
+        for location in [IndexLocation::End, IndexLocation::Start] {
+            let f = format(location);
+            let mut b = ShardBuilder::new(f.clone());
+            b.set(0, segs(&[b"ab", b"", b"cd"]));
+            b.set(3, segs(&[b"xyz"]));
+            let shard = b.build().unwrap();
+            let file = shard.to_vec();
+            assert_eq!(file.len() as u64, shard.len());
+            assert_eq!(shard.len(), 7 + f.encoded_len());
+            assert_eq!(chunk_bytes(&file, &f, 0).unwrap(), b"abcd");
+            assert_eq!(chunk_bytes(&file, &f, 1), None);
+            assert_eq!(chunk_bytes(&file, &f, 3).unwrap(), b"xyz");
+            // Segments are handed over as they came: nothing was joined.
+            assert_eq!(shard.buffers().len(), 4);
+        }
+    }
+
+    #[test]
+    fn segments_are_shared_not_copied() {
+        let data = Bytes::from(vec![7u8; 4096]);
+        let mut b = ShardBuilder::new(format(IndexLocation::End));
+        b.set(1, vec![data.slice(0..1000), data.slice(1000..)]);
+        let shard = b.build().unwrap();
+        assert_eq!(shard.buffers()[0].as_ptr(), data.as_ptr());
+        assert_eq!(shard.buffers()[1].as_ptr(), data[1000..].as_ptr());
+    }
+
+    #[test]
+    fn building_over_an_existing_shard_keeps_replaces_and_drops() {
+        let f = format(IndexLocation::End);
+        let mut b = ShardBuilder::new(f.clone());
+        b.set(0, segs(&[b"old0"]));
+        b.set(1, segs(&[b"old1"]));
+        b.set(2, segs(&[b"old2"]));
+        let old = Bytes::from(b.build().unwrap().to_vec());
+        let off = f.index_offset(old.len() as u64).unwrap() as usize;
+        let index = f.decode(&old[off..]).unwrap();
+
+        let mut b = ShardBuilder::over_existing(f.clone(), &old, &index);
+        b.set(1, segs(&[b"new", b"1"]));
+        b.remove(2);
+        b.set(3, segs(&[b"new3"]));
+        let file = b.build().unwrap().to_vec();
+        assert_eq!(chunk_bytes(&file, &f, 0).unwrap(), b"old0");
+        assert_eq!(chunk_bytes(&file, &f, 1).unwrap(), b"new1");
+        assert_eq!(chunk_bytes(&file, &f, 2), None);
+        assert_eq!(chunk_bytes(&file, &f, 3).unwrap(), b"new3");
+    }
+
+    #[test]
+    fn every_chunk_missing_means_no_file() {
+        let f = format(IndexLocation::End);
+        assert!(ShardBuilder::new(f.clone()).build().is_none());
+        let mut b = ShardBuilder::new(f);
+        b.set(2, segs(&[b"x"]));
+        b.remove(2);
+        assert!(b.build().is_none());
+    }
+
+    #[test]
+    fn vectored_write_survives_short_writes() {
+        /// Takes at most 3 bytes per call, like a slow pipe.
+        struct Dribble(Vec<u8>, usize);
+        impl Write for Dribble {
+            fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+                let n = buf.len().min(3);
+                self.0.extend_from_slice(&buf[..n]);
+                self.1 += 1;
+                Ok(n)
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut b = ShardBuilder::new(format(IndexLocation::Start));
+        b.set(0, segs(&[b"hello", b"world"]));
+        let shard = b.build().unwrap();
+        let mut out = Dribble(Vec::new(), 0);
+        shard.write_all_to(&mut out).unwrap();
+        assert_eq!(out.0, shard.to_vec());
+    }
+}

@@ -1,0 +1,59 @@
+//! Reading shard files from disk: the index, validated, and chunk byte ranges.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+
+use thiserror::Error;
+
+use super::index::{ChunkRange, DecodedIndex, IndexError, IndexFormat, ShardIndex};
+
+#[derive(Debug, Error)]
+pub enum ShardFileError {
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    #[error("{0}")]
+    Index(#[from] IndexError),
+}
+
+/// Reads and decodes the index of a shard file of `file_len` bytes without judging it:
+/// the checksum verdict is returned, the ranges are not checked.
+pub fn read_index_lenient(
+    file: &File,
+    file_len: u64,
+    format: &IndexFormat,
+) -> Result<DecodedIndex, ShardFileError> {
+    let offset = format.index_offset(file_len)?;
+    let mut buf = vec![0u8; format.encoded_len() as usize];
+    file.read_exact_at(&mut buf, offset)?;
+    Ok(format.decode_lenient(&buf)?)
+}
+
+/// Reads the index and checks everything: checksum, ranges inside the file and outside the
+/// index, no overlaps.
+pub fn read_index(
+    file: &File,
+    file_len: u64,
+    format: &IndexFormat,
+) -> Result<ShardIndex, ShardFileError> {
+    let offset = format.index_offset(file_len)?;
+    let mut buf = vec![0u8; format.encoded_len() as usize];
+    file.read_exact_at(&mut buf, offset)?;
+    let index = format.decode(&buf)?;
+    format.validate(&index, file_len)?;
+    Ok(index)
+}
+
+/// Reads part of one chunk: `len` bytes from `start` within the chunk, clipped to the chunk.
+pub fn read_chunk_part(
+    file: &File,
+    range: ChunkRange,
+    start: u64,
+    len: u64,
+) -> io::Result<Vec<u8>> {
+    let start = start.min(range.nbytes);
+    let len = len.min(range.nbytes - start) as usize;
+    let mut buf = vec![0u8; len];
+    file.read_exact_at(&mut buf, range.offset + start)?;
+    Ok(buf)
+}

@@ -1,0 +1,18 @@
+//! The Zarr v3 metadata model, chunk keys, shard policy and the layout translation between
+//! sharded arrays and their unsharded view. Pure: no I/O.
+
+pub mod key;
+pub mod layout;
+pub mod metadata;
+pub mod policy;
+
+pub use key::{ChunkKeyEncoding, KeyError, Separator};
+pub use layout::{
+    ChunkLocation, LayoutError, ShardLayout, sharded_from, sharded_with, translate_consolidated,
+    unsharded_view,
+};
+pub use metadata::{ArrayMetadata, GroupMetadata, MetadataError, NamedConfig, Node};
+pub use policy::{ChunksPerShard, DEFAULT_TARGET_BYTES, PolicyError, ShardPolicy};
+
+/// The metadata document's file name in every node directory.
+pub const METADATA_FILE: &str = "zarr.json";
