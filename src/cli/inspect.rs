@@ -37,7 +37,12 @@ pub fn run(path: &Path, json: bool) -> Result<Verdict, CliError> {
         file,
         layout,
     ) {
-        Ok(r) => reports.push(r),
+        Ok(r) => {
+            if !r.crc32c_ok {
+                verdict = Verdict::Problems;
+            }
+            reports.push(r)
+        }
         Err(e) => {
             eprintln!("{display}: {e}");
             verdict = Verdict::Problems;

@@ -23,8 +23,8 @@ enum Command {
     /// Show the index of a shard file, or of every shard of an array directory.
     ///
     /// For a shard file, the array's zarr.json is looked up in the parent directories.
-    /// Exit status: 0 when every index could be read, 1 when one could not, 2 on usage or
-    /// I/O errors.
+    /// Exit status: 0 when every index could be read and its checksum matches, 1 when not,
+    /// 2 on usage or I/O errors.
     Inspect {
         /// A shard file or an array directory.
         path: PathBuf,

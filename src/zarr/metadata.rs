@@ -119,6 +119,8 @@ pub struct GroupMetadata {
     pub node_type: String,
 }
 
+// Few documents are alive at once; boxing the array variant would only add noise.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq)]
 pub enum Node {
     Array(ArrayMetadata),
@@ -222,7 +224,7 @@ impl ArrayMetadata {
             "complex128" => 16,
             raw => {
                 let bits: u64 = raw.strip_prefix('r')?.parse().ok()?;
-                if bits == 0 || bits % 8 != 0 {
+                if bits == 0 || !bits.is_multiple_of(8) {
                     return None;
                 }
                 bits / 8

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Runs every test: formatting and lint checks, unit tests, and the integration tests that
+# drive the real clients (zarr-python, tensorstore) and real FUSE mounts.
+#
+# Creates a Python venv with the pinned clients (scripts/requirements.txt) at .venv, or at
+# $SHARDFS_VENV, and passes it to the tests through SHARDFS_PYTHON.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+venv="${SHARDFS_VENV:-$PWD/.venv}"
+stamp="$venv/.shardfs-requirements"
+if ! cmp -s scripts/requirements.txt "$stamp" 2>/dev/null; then
+    echo "== creating the Python venv at $venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check -r scripts/requirements.txt
+    cp scripts/requirements.txt "$stamp"
+fi
+export SHARDFS_PYTHON="$venv/bin/python"
+"$SHARDFS_PYTHON" -c 'import zarr, tensorstore, numpy' # fail here, not in the tests
+
+echo "== cargo fmt --check"
+cargo fmt --check
+echo "== cargo clippy"
+cargo clippy --all-targets --quiet -- -D warnings
+echo "== cargo test"
+cargo test --quiet "$@"

@@ -1,0 +1,88 @@
+//! Helpers shared by the integration tests: the pinned Python clients and the shardfs binary.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The venv's Python with the pinned clients. `scripts/test.sh` sets SHARDFS_PYTHON; a test
+/// that needs the clients fails, never skips, without it.
+pub fn python() -> PathBuf {
+    let path = std::env::var_os("SHARDFS_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python"));
+    assert!(
+        path.exists(),
+        "no Python with the pinned clients at {}: run scripts/test.sh, which creates the venv \
+         and sets SHARDFS_PYTHON",
+        path.display()
+    );
+    path
+}
+
+pub fn fixtures_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/fixtures.py")
+}
+
+/// Runs `tests/py/fixtures.py` with `args`, panicking with its output on failure.
+pub fn run_fixtures(args: &[&str]) -> String {
+    let out = Command::new(python())
+        .arg(fixtures_script())
+        .args(args)
+        .output()
+        .expect("python runs");
+    assert!(
+        out.status.success(),
+        "fixtures.py {args:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn shardfs(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_shardfs"))
+        .args(args)
+        .output()
+        .expect("shardfs runs")
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Copies a directory tree (files and directories only).
+pub fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+/// Every regular file below `dir`, as `/`-separated paths relative to it.
+pub fn files_below(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let entry = entry.unwrap();
+            if entry.file_type().unwrap().is_dir() {
+                stack.push(entry.path());
+            } else {
+                let rel = entry.path().strip_prefix(dir).unwrap().to_path_buf();
+                out.push(rel.to_string_lossy().replace('\\', "/"));
+            }
+        }
+    }
+    out.sort();
+    out
+}

@@ -1,0 +1,187 @@
+//! `shardfs verify` on damaged copies of natively written arrays: each fault is reported
+//! with the file and the right message, exit status 1, and no panic.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use common::{copy_tree, run_fixtures, shardfs, stderr, stdout};
+
+struct Case {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+}
+
+/// A fresh copy of two natively written arrays: `end` (zarr-python, 1-d, index at the end,
+/// 3 chunks per shard) and `start` (zarr-python, 2-d, index at the start, 4 per shard).
+fn fresh() -> Case {
+    static NATIVE: std::sync::OnceLock<(tempfile::TempDir, PathBuf)> = std::sync::OnceLock::new();
+    let (_, native) = NATIVE.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_path_buf();
+        run_fixtures(&["native", root.to_str().unwrap()]);
+        (dir, root)
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    copy_tree(&native.join("zp_1d_end_zstd_default"), &root.join("end"));
+    copy_tree(&native.join("zp_2d_start_raw_v2dot"), &root.join("start"));
+    let out = shardfs(&["verify", root.to_str().unwrap()]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "undamaged copy: {}",
+        stdout(&out)
+    );
+    Case { _dir: dir, root }
+}
+
+const END_N: u64 = 3;
+const START_N: u64 = 4;
+
+/// Rewrites one index entry of a shard and fixes the checksum, so that only the range is
+/// wrong.
+fn set_entry(path: &Path, n: u64, at_end: bool, pos: u64, offset: u64, nbytes: u64) {
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let len = file.metadata().unwrap().len();
+    let index_at = if at_end { len - (16 * n + 4) } else { 0 };
+    let mut body = vec![0u8; 16 * n as usize];
+    file.read_exact_at(&mut body, index_at).unwrap();
+    let e = 16 * pos as usize;
+    body[e..e + 8].copy_from_slice(&offset.to_le_bytes());
+    body[e + 8..e + 16].copy_from_slice(&nbytes.to_le_bytes());
+    file.write_all_at(&body, index_at).unwrap();
+    file.write_all_at(&crc32c::crc32c(&body).to_le_bytes(), index_at + 16 * n)
+        .unwrap();
+}
+
+fn entry(path: &Path, n: u64, at_end: bool, pos: u64) -> (u64, u64) {
+    let data = fs::read(path).unwrap();
+    let index_at = if at_end {
+        data.len() - (16 * n as usize + 4)
+    } else {
+        0
+    };
+    let e = index_at + 16 * pos as usize;
+    let word = |i: usize| u64::from_le_bytes(data[i..i + 8].try_into().unwrap());
+    (word(e), word(e + 8))
+}
+
+fn assert_one_problem(case: &Case, file: &Path, fragment: &str) {
+    let out = shardfs(&["verify", case.root.to_str().unwrap()]);
+    let text = stdout(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "stdout: {text}\nstderr: {}",
+        stderr(&out)
+    );
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 1, "exactly one problem expected: {text}");
+    assert!(
+        lines[0].starts_with(&format!("{}: ", file.display())),
+        "names {}: {text}",
+        file.display()
+    );
+    assert!(lines[0].contains(fragment), "{fragment:?} not in {text}");
+}
+
+#[test]
+fn flipped_crc_byte() {
+    let case = fresh();
+    let shard = case.root.join("end/c/1");
+    let mut data = fs::read(&shard).unwrap();
+    let last = data.len() - 1;
+    data[last] ^= 0x01;
+    fs::write(&shard, data).unwrap();
+    assert_one_problem(&case, &shard, "index checksum mismatch");
+}
+
+#[test]
+fn truncated_shards() {
+    let case = fresh();
+    // Index at the end: too little left for an index.
+    let shard = case.root.join("end/c/0");
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&shard)
+        .unwrap()
+        .set_len(20)
+        .unwrap();
+    assert_one_problem(&case, &shard, "shorter than its 52-byte index");
+
+    // Index at the start: the index survives, the chunks it points to do not.
+    let case = fresh();
+    let shard = case.root.join("start/1.1");
+    let len = fs::metadata(&shard).unwrap().len();
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&shard)
+        .unwrap()
+        .set_len(len - 3)
+        .unwrap();
+    assert_one_problem(&case, &shard, "past the end");
+}
+
+#[test]
+fn index_range_past_end_of_file() {
+    let case = fresh();
+    let shard = case.root.join("start/0.1");
+    let len = fs::metadata(&shard).unwrap().len();
+    let (_, nbytes) = entry(&shard, START_N, false, 0);
+    set_entry(&shard, START_N, false, 0, len - 1, nbytes);
+    assert_one_problem(&case, &shard, "lies past the end of the");
+}
+
+#[test]
+fn overlapping_ranges() {
+    let case = fresh();
+    let shard = case.root.join("end/c/1");
+    let (off0, nbytes0) = entry(&shard, END_N, true, 0);
+    set_entry(&shard, END_N, true, 1, off0 + 1, nbytes0.max(2) - 1);
+    assert_one_problem(&case, &shard, "overlapping byte ranges");
+}
+
+#[test]
+fn garbage_metadata() {
+    let case = fresh();
+    let doc = case.root.join("start/zarr.json");
+    fs::write(&doc, b"{\"shape\": [10, 7], \"zarr_format\": 3, ").unwrap();
+    assert_one_problem(&case, &doc, "not valid JSON");
+
+    let case = fresh();
+    let doc = case.root.join("end/zarr.json");
+    fs::write(
+        &doc,
+        br#"{"zarr_format": 3, "node_type": "array", "shape": "wide"}"#,
+    )
+    .unwrap();
+    assert_one_problem(&case, &doc, "invalid array metadata");
+
+    let case = fresh();
+    let doc = case.root.join("end/zarr.json");
+    let text = fs::read_to_string(&doc).unwrap();
+    // An inner chunk shape that does not divide the shard shape.
+    let broken = text.replacen(
+        "\"chunk_shape\": [\n        12\n      ]",
+        "\"chunk_shape\": [\n        13\n      ]",
+        1,
+    );
+    assert_ne!(text, broken, "fixture zarr.json has an unexpected form");
+    fs::write(&doc, broken).unwrap();
+    assert_one_problem(&case, &doc, "does not divide");
+}
+
+#[test]
+fn shard_outside_the_grid() {
+    let case = fresh();
+    let stray = case.root.join("end/c/9");
+    fs::copy(case.root.join("end/c/0"), &stray).unwrap();
+    assert_one_problem(&case, &stray, "outside the shard grid");
+}
