@@ -1,8 +1,10 @@
 //! C-order arithmetic on n-dimensional grids, shared by the shard format and the Zarr model.
 
-/// Number of cells of a grid; 1 for a 0-d grid.
+/// Number of cells of a grid; 1 for a 0-d grid. Saturates instead of overflowing: callers
+/// that take sizes from files check them against a limit first (`MAX_CHUNKS_PER_SHARD`).
 pub fn count(shape: &[u64]) -> usize {
-    shape.iter().product::<u64>() as usize
+    let n = shape.iter().fold(1u64, |acc, &e| acc.saturating_mul(e));
+    usize::try_from(n).unwrap_or(usize::MAX)
 }
 
 /// Coordinates of the `pos`-th cell in C order.

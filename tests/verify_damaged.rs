@@ -185,3 +185,77 @@ fn shard_outside_the_grid() {
     fs::copy(case.root.join("end/c/0"), &stray).unwrap();
     assert_one_problem(&case, &stray, "outside the shard grid");
 }
+
+#[test]
+fn realistic_truncation_of_an_index_at_the_end() {
+    // Cutting a few bytes off the end leaves garbage where the index should be: reported
+    // as a checksum mismatch, not accepted.
+    let case = fresh();
+    let shard = case.root.join("end/c/2");
+    let len = fs::metadata(&shard).unwrap().len();
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&shard)
+        .unwrap()
+        .set_len(len - 3)
+        .unwrap();
+    assert_one_problem(&case, &shard, "index checksum mismatch");
+}
+
+#[test]
+fn half_missing_index_entry() {
+    let case = fresh();
+    let shard = case.root.join("start/0.0");
+    let (_, nbytes) = entry(&shard, START_N, false, 1);
+    set_entry(&shard, START_N, false, 1, u64::MAX, nbytes);
+    assert_one_problem(&case, &shard, "half missing");
+}
+
+#[test]
+fn broken_consolidated_entry_and_unsharded_metadata() {
+    let case = fresh();
+    let group = case.root.join("zarr.json");
+    fs::write(
+        &group,
+        br#"{"zarr_format": 3, "node_type": "group", "attributes": {},
+            "consolidated_metadata": {"kind": "inline", "must_understand": false,
+              "metadata": {"end": {"zarr_format": 3, "node_type": "array", "shape": 7}}}}"#,
+    )
+    .unwrap();
+    assert_one_problem(&case, &group, "consolidated entry \"end\"");
+
+    let case = fresh();
+    let u = case.root.join("unsharded");
+    fs::create_dir(&u).unwrap();
+    let doc = u.join("zarr.json");
+    fs::write(
+        &doc,
+        br#"{"zarr_format": 3, "node_type": "array", "shape": [4], "data_type": "uint8",
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [0]}},
+            "chunk_key_encoding": {"name": "default"}, "fill_value": 0,
+            "codecs": [{"name": "bytes"}]}"#,
+    )
+    .unwrap();
+    assert_one_problem(&case, &doc, "zero extent");
+}
+
+#[test]
+fn hostile_chunks_per_shard_is_a_problem_not_a_crash() {
+    let case = fresh();
+    let doc = case.root.join("end/zarr.json");
+    let text = fs::read_to_string(&doc).unwrap();
+    let hostile = text.replacen(
+        "\"chunk_shape\": [\n        12\n      ]",
+        "\"chunk_shape\": [\n        4611686018427387904\n      ]",
+        1,
+    );
+    assert_ne!(text, hostile);
+    fs::write(&doc, hostile).unwrap();
+    assert_one_problem(&case, &doc, "inner chunks per shard");
+    let out = shardfs(&[
+        "inspect",
+        "--json",
+        case.root.join("end/c/0").to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}

@@ -72,8 +72,15 @@ pub fn run(path: &Path, json: bool) -> Result<Verdict, CliError> {
         }
         print_reports(&reports, json, true);
     } else {
-        let (dir, array, _) = array_of_file(path)?;
+        let (dir, array, key) = array_of_file(path)?;
         let layout = layout_of(&dir, &array)?;
+        if let Err(e) = layout.key_encoding.decode(&key, layout.ndim()) {
+            return Err(CliError::Usage(format!(
+                "{} is not a shard of the array at {}: {e}",
+                path.display(),
+                dir.display()
+            )));
+        }
         report(path.display().to_string(), path, &layout);
         print_reports(&reports, json, false);
     }

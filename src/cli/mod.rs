@@ -40,6 +40,45 @@ enum Command {
         /// An array directory, a group directory, or any directory holding Zarr nodes.
         path: PathBuf,
     },
+    /// Mount BACKING at MOUNTPOINT, showing every sharded array unsharded.
+    ///
+    /// Returns once the mount is live; the daemon runs on in the background and logs to
+    /// --log-file. With --foreground it stays attached and logs to stderr. SIGINT or SIGTERM
+    /// to the daemon unmount cleanly.
+    Mount(MountArgs),
+    /// Unmount a shardfs mount and wait for its daemon to exit.
+    ///
+    /// Exit status: 0 when everything was written and the daemon exited cleanly, 1 when not
+    /// (the reason is printed), 2 on usage errors.
+    Unmount {
+        mountpoint: PathBuf,
+        /// Detach now even if files are open; the daemon exits when the last one closes.
+        #[arg(long)]
+        lazy: bool,
+    },
+}
+
+#[derive(clap::Args, Debug, Clone)]
+struct MountArgs {
+    /// The directory holding the Zarr hierarchy.
+    backing: PathBuf,
+    /// Where to show it.
+    mountpoint: PathBuf,
+    /// Stay attached and log to stderr.
+    #[arg(long)]
+    foreground: bool,
+    /// The daemon's log file [default: $TMPDIR/shardfs-UID/<mountpoint>.log].
+    #[arg(long)]
+    log_file: Option<PathBuf>,
+    /// Threads serving requests.
+    #[arg(long, default_value_t = 4)]
+    threads: usize,
+    /// Let other users than the one mounting use the mount.
+    #[arg(long)]
+    allow_other: bool,
+    /// Internal: the descriptor on which the daemon reports that the mount is live.
+    #[arg(long, hide = true)]
+    ready_fd: Option<i32>,
 }
 
 /// Errors that stop a command before it can give a verdict (exit status 2).
@@ -70,11 +109,74 @@ pub enum Verdict {
     Problems,
 }
 
+fn report_daemon(result: Result<(), crate::daemon::DaemonError>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("shardfs: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn mount(args: MountArgs) -> ExitCode {
+    use crate::daemon::{MountConfig, default_log_file, run_foreground, spawn_daemon};
+    use std::os::fd::{FromRawFd, OwnedFd};
+
+    let abs = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    let config = MountConfig {
+        backing: abs(&args.backing),
+        mountpoint: abs(&args.mountpoint),
+        threads: args.threads,
+        allow_other: args.allow_other,
+    };
+    if !config.backing.is_dir() {
+        eprintln!("shardfs: {} is not a directory", config.backing.display());
+        return ExitCode::from(2);
+    }
+    if args.foreground {
+        init_logging();
+        // SAFETY: the parent passed this descriptor for us alone.
+        let ready = args.ready_fd.map(|fd| unsafe { OwnedFd::from_raw_fd(fd) });
+        return report_daemon(run_foreground(&config, ready));
+    }
+    let log_file = args
+        .log_file
+        .clone()
+        .unwrap_or_else(|| default_log_file(&config.mountpoint));
+    let mut child_args: Vec<std::ffi::OsString> = vec![
+        "mount".into(),
+        config.backing.clone().into(),
+        config.mountpoint.clone().into(),
+        "--threads".into(),
+        args.threads.to_string().into(),
+    ];
+    if args.allow_other {
+        child_args.push("--allow-other".into());
+    }
+    report_daemon(spawn_daemon(&config, &child_args, &log_file))
+}
+
+/// Logs go to stderr (the log file, for a background daemon); SHARDFS_LOG sets the filter.
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SHARDFS_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .try_init();
+}
+
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Inspect { path, json } => inspect::run(&path, json),
         Command::Verify { path } => verify::run(&path),
+        Command::Mount(args) => return mount(args),
+        Command::Unmount { mountpoint, lazy } => {
+            return report_daemon(crate::daemon::unmount(&mountpoint, lazy));
+        }
     };
     match result {
         Ok(Verdict::Sound) => ExitCode::SUCCESS,

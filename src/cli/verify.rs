@@ -7,7 +7,10 @@ use super::scan::{key_files, read_node};
 use super::{CliError, Verdict};
 use crate::grid;
 use crate::shard::read_index;
-use crate::zarr::{ArrayMetadata, GroupMetadata, METADATA_FILE, Node, ShardLayout};
+use crate::zarr::layout::regular_chunk_shape;
+use crate::zarr::{
+    ArrayMetadata, ChunkKeyEncoding, GroupMetadata, KeyError, METADATA_FILE, Node, ShardLayout,
+};
 
 struct Checker {
     problems: usize,
@@ -82,10 +85,33 @@ impl Checker {
         }
     }
 
+    /// An unsharded array has no shards to check, but its grid and keys must make sense.
+    fn unsharded(&mut self, dir: &Path, array: &ArrayMetadata) {
+        let doc = dir.join(METADATA_FILE);
+        if array.chunk_grid.name == "regular"
+            && let Err(e) = regular_chunk_shape(array)
+        {
+            self.problem(&doc, e);
+        }
+        match ChunkKeyEncoding::from_metadata(&array.chunk_key_encoding) {
+            Err(KeyError::UnknownEncoding(name)) => {
+                eprintln!(
+                    "{}: chunk keys not checked: unknown encoding {name:?}",
+                    dir.display()
+                );
+            }
+            Err(e) => self.problem(&doc, e),
+            Ok(_) => {}
+        }
+    }
+
     fn array(&mut self, dir: &Path, array: &ArrayMetadata) -> Result<(), CliError> {
         let layout = match ShardLayout::of(array) {
             Ok(Some(layout)) => layout,
-            Ok(None) => return Ok(()),
+            Ok(None) => {
+                self.unsharded(dir, array);
+                return Ok(());
+            }
             Err(e) if e.is_invalid_metadata() => {
                 self.problem(&dir.join(METADATA_FILE), e);
                 return Ok(());

@@ -6,7 +6,7 @@ use std::io::{self, IoSlice, Write};
 
 use bytes::Bytes;
 
-use super::index::{ChunkRange, IndexFormat, IndexLocation, ShardIndex};
+use super::index::{ChunkRange, IndexError, IndexFormat, IndexLocation, ShardIndex};
 
 /// The content of one chunk: its bytes, in order, as the segments they arrived in.
 pub type Segments = Vec<Bytes>;
@@ -36,15 +36,26 @@ impl ShardBuilder {
     }
 
     /// Starts from an existing shard file: every chunk it holds is kept, as a slice of
-    /// `file` (no copy), unless later replaced or removed. `index` must have been validated
-    /// against `file`'s length.
-    pub fn over_existing(format: IndexFormat, file: &Bytes, index: &ShardIndex) -> ShardBuilder {
+    /// `file` (no copy), unless later replaced or removed. The index is validated against
+    /// the file first.
+    pub fn over_existing(
+        format: IndexFormat,
+        file: &Bytes,
+        index: &ShardIndex,
+    ) -> Result<ShardBuilder, IndexError> {
+        if index.len() != format.n_chunks() {
+            return Err(IndexError::FileTooShort {
+                file_len: 16 * index.len() as u64,
+                index_len: format.encoded_len(),
+            });
+        }
+        format.validate(index, file.len() as u64)?;
         let mut builder = ShardBuilder::new(format);
         for (pos, range) in index.present() {
             let (start, end) = (range.offset as usize, range.end() as usize);
             builder.chunks[pos] = Some(vec![file.slice(start..end)]);
         }
-        builder
+        Ok(builder)
     }
 
     pub fn format(&self) -> &IndexFormat {
@@ -204,24 +215,32 @@ mod tests {
 
     #[test]
     fn building_over_an_existing_shard_keeps_replaces_and_drops() {
-        let f = format(IndexLocation::End);
-        let mut b = ShardBuilder::new(f.clone());
-        b.set(0, segs(&[b"old0"]));
-        b.set(1, segs(&[b"old1"]));
-        b.set(2, segs(&[b"old2"]));
-        let old = Bytes::from(b.build().unwrap().to_vec());
-        let off = f.index_offset(old.len() as u64).unwrap() as usize;
-        let index = f.decode(&old[off..]).unwrap();
+        for location in [IndexLocation::End, IndexLocation::Start] {
+            let f = format(location);
+            let mut b = ShardBuilder::new(f.clone());
+            b.set(0, segs(&[b"old0"]));
+            b.set(1, segs(&[b"old1"]));
+            b.set(2, segs(&[b"old2"]));
+            let old = Bytes::from(b.build().unwrap().to_vec());
+            let off = f.index_offset(old.len() as u64).unwrap() as usize;
+            let index = f.decode(&old[off..off + f.encoded_len() as usize]).unwrap();
 
-        let mut b = ShardBuilder::over_existing(f.clone(), &old, &index);
-        b.set(1, segs(&[b"new", b"1"]));
-        b.remove(2);
-        b.set(3, segs(&[b"new3"]));
-        let file = b.build().unwrap().to_vec();
-        assert_eq!(chunk_bytes(&file, &f, 0).unwrap(), b"old0");
-        assert_eq!(chunk_bytes(&file, &f, 1).unwrap(), b"new1");
-        assert_eq!(chunk_bytes(&file, &f, 2), None);
-        assert_eq!(chunk_bytes(&file, &f, 3).unwrap(), b"new3");
+            let mut b = ShardBuilder::over_existing(f.clone(), &old, &index).unwrap();
+            b.set(1, segs(&[b"new", b"1"]));
+            b.remove(2);
+            b.set(3, segs(&[b"new3"]));
+            let file = b.build().unwrap().to_vec();
+            assert_eq!(chunk_bytes(&file, &f, 0).unwrap(), b"old0");
+            assert_eq!(chunk_bytes(&file, &f, 1).unwrap(), b"new1");
+            assert_eq!(chunk_bytes(&file, &f, 2), None);
+            assert_eq!(chunk_bytes(&file, &f, 3).unwrap(), b"new3");
+
+            // An index that does not fit the file is refused, not trusted.
+            let short = old.slice(..10);
+            assert!(ShardBuilder::over_existing(f.clone(), &short, &index).is_err());
+            let wrong_rank = ShardIndex::all_missing(3);
+            assert!(ShardBuilder::over_existing(f, &old, &wrong_rank).is_err());
+        }
     }
 
     #[test]

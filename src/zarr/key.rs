@@ -127,28 +127,97 @@ impl ChunkKeyEncoding {
         }
         Ok(coords)
     }
+}
 
-    /// Whether a directory at relative path `dir` ("" for the array directory itself) can
-    /// hold chunk keys of an `ndim`-d array, and how many coordinates it already fixes.
-    /// Used to tell chunk directories from other directories.
-    pub fn dir_prefix_depth(self, dir: &str, ndim: usize) -> Option<usize> {
-        if dir.is_empty() {
-            return Some(0);
+/// A place in the tree of chunk keys below an array directory, as the unsharded view shows
+/// it: the array directory itself, a directory that fixes the first coordinates (`c` fixes
+/// none, `c/4` fixes one), or a chunk.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum KeyNode {
+    Root,
+    Dir(Vec<u64>),
+    Chunk(Vec<u64>),
+}
+
+impl KeyNode {
+    /// The coordinates this node fixes.
+    pub fn prefix(&self) -> &[u64] {
+        match self {
+            KeyNode::Root => &[],
+            KeyNode::Dir(p) | KeyNode::Chunk(p) => p,
         }
-        if self.separator() != Separator::Slash {
-            return None;
+    }
+}
+
+impl ChunkKeyEncoding {
+    /// The node named `name` inside `parent`, if that name is part of a chunk key of an
+    /// `ndim`-d array. Whether any chunk exists there is not this function's concern.
+    pub fn child(self, parent: &KeyNode, name: &str, ndim: usize) -> Option<KeyNode> {
+        match (self.separator(), parent) {
+            (Separator::Dot, KeyNode::Root) => self.decode(name, ndim).ok().map(KeyNode::Chunk),
+            (Separator::Dot, _) | (_, KeyNode::Chunk(_)) => None,
+            (Separator::Slash, KeyNode::Root) => match self {
+                ChunkKeyEncoding::Default(_) if name != "c" => None,
+                ChunkKeyEncoding::Default(_) if ndim == 0 => Some(KeyNode::Chunk(vec![])),
+                ChunkKeyEncoding::Default(_) => Some(KeyNode::Dir(vec![])),
+                ChunkKeyEncoding::V2(_) if ndim == 0 => {
+                    (name == "0").then(|| KeyNode::Chunk(vec![]))
+                }
+                ChunkKeyEncoding::V2(_) => descend(&[], name, ndim),
+            },
+            (Separator::Slash, KeyNode::Dir(prefix)) => descend(prefix, name, ndim),
         }
-        let mut parts = dir.split('/');
-        if matches!(self, ChunkKeyEncoding::Default(_)) && parts.next() != Some("c") {
-            return None;
+    }
+
+    /// The entry of `parent`'s listing through which `chunk` (which lies below `parent`)
+    /// is reached: its name and node.
+    pub fn child_towards(self, parent: &KeyNode, chunk: &[u64]) -> (String, KeyNode) {
+        let default = matches!(self, ChunkKeyEncoding::Default(_));
+        match (self.separator(), parent) {
+            (Separator::Dot, _) => (self.encode(chunk), KeyNode::Chunk(chunk.to_vec())),
+            (Separator::Slash, KeyNode::Root) if default && chunk.is_empty() => {
+                ("c".into(), KeyNode::Chunk(vec![]))
+            }
+            (Separator::Slash, KeyNode::Root) if default => ("c".into(), KeyNode::Dir(vec![])),
+            (Separator::Slash, KeyNode::Root) if chunk.is_empty() => {
+                ("0".into(), KeyNode::Chunk(vec![]))
+            }
+            (Separator::Slash, node) => {
+                let depth = node.prefix().len();
+                let name = chunk[depth].to_string();
+                if depth + 1 == chunk.len() {
+                    (name, KeyNode::Chunk(chunk.to_vec()))
+                } else {
+                    (name, KeyNode::Dir(chunk[..=depth].to_vec()))
+                }
+            }
         }
-        let mut depth = 0;
-        for part in parts {
-            parse_canonical(part)?;
-            depth += 1;
+    }
+
+    /// The directory (relative to the array directory, "" for itself) whose subtree holds
+    /// every key that starts with `prefix`. `prefix` is shorter than the array's rank.
+    pub fn prefix_dir(self, prefix: &[u64]) -> String {
+        let joined = || {
+            let parts: Vec<String> = prefix.iter().map(u64::to_string).collect();
+            parts.join("/")
+        };
+        match (self.separator(), self) {
+            (Separator::Dot, _) => String::new(),
+            (Separator::Slash, ChunkKeyEncoding::Default(_)) if prefix.is_empty() => "c".into(),
+            (Separator::Slash, ChunkKeyEncoding::Default(_)) => format!("c/{}", joined()),
+            (Separator::Slash, ChunkKeyEncoding::V2(_)) => joined(),
         }
-        // A directory fixes at most ndim - 1 coordinates; the last one names a file.
-        (depth < ndim).then_some(depth)
+    }
+}
+
+fn descend(prefix: &[u64], name: &str, ndim: usize) -> Option<KeyNode> {
+    let v = parse_canonical(name)?;
+    let mut coords = prefix.to_vec();
+    coords.push(v);
+    match coords.len().cmp(&ndim) {
+        std::cmp::Ordering::Less => Some(KeyNode::Dir(coords)),
+        std::cmp::Ordering::Equal => Some(KeyNode::Chunk(coords)),
+        std::cmp::Ordering::Greater => None,
     }
 }
 
@@ -241,15 +310,55 @@ mod tests {
     }
 
     #[test]
-    fn chunk_directory_prefixes() {
+    fn navigating_the_key_tree() {
         let d = enc("default", None);
-        assert_eq!(d.dir_prefix_depth("", 3), Some(0));
-        assert_eq!(d.dir_prefix_depth("c", 3), Some(0));
-        assert_eq!(d.dir_prefix_depth("c/4", 3), Some(1));
-        assert_eq!(d.dir_prefix_depth("c/4/5", 3), Some(2));
-        assert_eq!(d.dir_prefix_depth("c/4/5/6", 3), None);
-        assert_eq!(d.dir_prefix_depth("d/4", 3), None);
-        assert_eq!(enc("v2", None).dir_prefix_depth("1", 3), None);
-        assert_eq!(enc("v2", Some("/")).dir_prefix_depth("1", 3), Some(1));
+        let root = KeyNode::Root;
+        assert_eq!(d.child(&root, "c", 3), Some(KeyNode::Dir(vec![])));
+        assert_eq!(d.child(&root, "0", 3), None);
+        let c = KeyNode::Dir(vec![]);
+        assert_eq!(d.child(&c, "4", 3), Some(KeyNode::Dir(vec![4])));
+        assert_eq!(d.child(&c, "04", 3), None);
+        assert_eq!(
+            d.child(&KeyNode::Dir(vec![4, 5]), "6", 3),
+            Some(KeyNode::Chunk(vec![4, 5, 6]))
+        );
+        assert_eq!(d.child(&KeyNode::Dir(vec![4, 5]), "6.x.partial", 3), None);
+        assert_eq!(d.child(&root, "c", 0), Some(KeyNode::Chunk(vec![])));
+        assert_eq!(d.child_towards(&root, &[4, 5, 6]), ("c".into(), c.clone()));
+        assert_eq!(
+            d.child_towards(&c, &[4, 5, 6]),
+            ("4".into(), KeyNode::Dir(vec![4]))
+        );
+        assert_eq!(
+            d.child_towards(&KeyNode::Dir(vec![4, 5]), &[4, 5, 6]),
+            ("6".into(), KeyNode::Chunk(vec![4, 5, 6]))
+        );
+        assert_eq!(d.prefix_dir(&[4, 5]), "c/4/5");
+        assert_eq!(d.prefix_dir(&[]), "c");
+
+        let v2s = enc("v2", Some("/"));
+        assert_eq!(v2s.child(&root, "4", 2), Some(KeyNode::Dir(vec![4])));
+        assert_eq!(v2s.child(&root, "4", 1), Some(KeyNode::Chunk(vec![4])));
+        assert_eq!(v2s.child(&root, "0", 0), Some(KeyNode::Chunk(vec![])));
+        assert_eq!(
+            v2s.child_towards(&root, &[4, 1]),
+            ("4".into(), KeyNode::Dir(vec![4]))
+        );
+
+        let dot = enc("default", Some("."));
+        assert_eq!(
+            dot.child(&root, "c.1.2", 2),
+            Some(KeyNode::Chunk(vec![1, 2]))
+        );
+        assert_eq!(dot.child(&root, "c", 2), None);
+        assert_eq!(
+            dot.child_towards(&root, &[1, 2]),
+            ("c.1.2".into(), KeyNode::Chunk(vec![1, 2]))
+        );
+        assert_eq!(dot.prefix_dir(&[1]), "");
+        assert_eq!(v2s.prefix_dir(&[4]), "4");
+        assert_eq!(v2s.prefix_dir(&[]), "");
+        let v2 = enc("v2", None);
+        assert_eq!(v2.child(&root, "1.2", 2), Some(KeyNode::Chunk(vec![1, 2])));
     }
 }

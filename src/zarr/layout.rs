@@ -13,6 +13,10 @@ use crate::shard::{Endian, IndexCodec, IndexFormat, IndexLocation};
 
 pub const SHARDING_CODEC: &str = "sharding_indexed";
 
+/// The most inner chunks one shard may hold (a 256 MiB index). Larger counts come only from
+/// broken or hostile metadata, and would make index buffers explode.
+pub const MAX_CHUNKS_PER_SHARD: u64 = 1 << 24;
+
 /// The `configuration` of a `sharding_indexed` codec.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ShardingConfig {
@@ -58,6 +62,12 @@ pub enum LayoutError {
     ZeroChunkShape(Vec<u64>),
     #[error("inner chunk shape {inner:?} does not divide shard shape {shard:?}")]
     InnerShapeDoesNotDivide { shard: Vec<u64>, inner: Vec<u64> },
+    #[error(
+        "inner codecs shard again (nested sharding_indexed); inner chunks are not plain chunks"
+    )]
+    NestedSharding,
+    #[error("{0} inner chunks per shard, more than the {MAX_CHUNKS_PER_SHARD} shardfs handles")]
+    TooManyChunksPerShard(u128),
     #[error("unsupported index codecs {0} (shardfs supports bytes, optionally followed by crc32c)")]
     UnsupportedIndexCodecs(String),
     #[error("{0}")]
@@ -76,6 +86,7 @@ impl LayoutError {
                 | LayoutError::RankMismatch { .. }
                 | LayoutError::ZeroChunkShape(_)
                 | LayoutError::InnerShapeDoesNotDivide { .. }
+                | LayoutError::TooManyChunksPerShard(_)
                 | LayoutError::KeyEncoding(_)
         )
     }
@@ -129,6 +140,14 @@ fn check_rank(what: &'static str, expected: usize, v: &[u64]) -> Result<(), Layo
             expected,
             found: v.len(),
         });
+    }
+    Ok(())
+}
+
+fn check_chunk_count(chunks_per_shard: &[u64]) -> Result<(), LayoutError> {
+    let n: u128 = chunks_per_shard.iter().map(|&n| n as u128).product();
+    if n > MAX_CHUNKS_PER_SHARD as u128 {
+        return Err(LayoutError::TooManyChunksPerShard(n));
     }
     Ok(())
 }
@@ -201,11 +220,15 @@ impl ShardLayout {
                 inner: config.chunk_shape,
             });
         }
-        let chunks_per_shard = shard_shape
+        let chunks_per_shard: Vec<u64> = shard_shape
             .iter()
             .zip(&config.chunk_shape)
             .map(|(s, c)| s / c)
             .collect();
+        check_chunk_count(&chunks_per_shard)?;
+        if config.codecs.iter().any(|c| c.name == SHARDING_CODEC) {
+            return Err(LayoutError::NestedSharding);
+        }
         Ok(Some(ShardLayout {
             array_shape: meta.shape.clone(),
             index: IndexFormat {
@@ -253,7 +276,7 @@ impl ShardLayout {
         grid::unravel(pos, cps)
             .iter()
             .zip(shard.iter().zip(cps))
-            .map(|(w, (s, n))| s * n + w)
+            .map(|(w, (s, n))| s.saturating_mul(*n).saturating_add(*w))
             .collect()
     }
 
@@ -313,11 +336,16 @@ pub fn sharded_with(
     }
     let chunk_shape = regular_chunk_shape(meta)?;
     check_rank("chunks per shard", meta.ndim(), chunks_per_shard)?;
+    check_chunk_count(chunks_per_shard)?;
     let shard_shape: Vec<u64> = chunk_shape
         .iter()
         .zip(chunks_per_shard)
-        .map(|(c, n)| c * n.max(&1))
-        .collect();
+        .map(|(&c, &n)| if n == 0 { None } else { c.checked_mul(n) })
+        .collect::<Option<_>>()
+        .ok_or_else(|| LayoutError::BadConfiguration {
+            what: "chunks per shard",
+            reason: format!("{chunks_per_shard:?} gives an empty or oversized shard"),
+        })?;
     let config = ShardingConfig {
         chunk_shape,
         codecs: meta.codecs.clone(),
@@ -492,6 +520,34 @@ mod tests {
 
         let view = unsharded_view(&array(sharded_doc(json!([]), json!([])))).unwrap();
         assert_eq!(unsharded_view(&view), Err(LayoutError::NotSharded));
+
+        let mut doc = sharded_doc(json!([]), json!([]));
+        doc["codecs"][0]["configuration"]["codecs"] = json!([{"name": "sharding_indexed"}]);
+        assert_eq!(
+            unsharded_view(&array(doc)),
+            Err(LayoutError::NestedSharding)
+        );
+    }
+
+    #[test]
+    fn hostile_chunk_counts_are_refused_not_allocated() {
+        for (shard, inner) in [
+            (json!([1u64 << 62, 4]), json!([1, 4])),
+            (json!([1u64 << 32, 1u64 << 32]), json!([1, 1])),
+        ] {
+            let mut doc = sharded_doc(json!([]), json!([]));
+            doc["chunk_grid"]["configuration"]["chunk_shape"] = shard;
+            doc["codecs"][0]["configuration"]["chunk_shape"] = inner;
+            let err = ShardLayout::of(&array(doc)).unwrap_err();
+            assert!(
+                matches!(err, LayoutError::TooManyChunksPerShard(_)),
+                "{err}"
+            );
+            assert!(err.is_invalid_metadata());
+        }
+        let view = unsharded_view(&array(sharded_doc(json!([]), json!([])))).unwrap();
+        assert!(sharded_with(&view, &[0, 1], IndexLocation::End).is_err());
+        assert!(sharded_with(&view, &[u64::MAX, 1], IndexLocation::End).is_err());
     }
 
     #[test]

@@ -6,7 +6,7 @@ pub mod layout;
 pub mod metadata;
 pub mod policy;
 
-pub use key::{ChunkKeyEncoding, KeyError, Separator};
+pub use key::{ChunkKeyEncoding, KeyError, KeyNode, Separator};
 pub use layout::{
     ChunkLocation, LayoutError, ShardLayout, sharded_from, sharded_with, translate_consolidated,
     unsharded_view,

@@ -12,6 +12,10 @@ use crate::grid;
 /// has a few thousand files, small enough to be assembled in memory.
 pub const DEFAULT_TARGET_BYTES: u64 = 128 * 1024 * 1024;
 
+/// `Auto` never puts more chunks than this in one shard (a 1 MiB index), however small the
+/// chunks: tiny chunks would otherwise give huge indexes and per-chunk bookkeeping.
+pub const AUTO_MAX_CHUNKS_PER_SHARD: u64 = 1 << 16;
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ShardPolicy {
     /// Grow chunks per shard evenly across the axes toward `target_bytes` of uncompressed
@@ -79,7 +83,8 @@ impl ShardPolicy {
     /// `Auto` starts from one chunk per shard and, round by round, doubles each axis in
     /// turn (first axis first), capping it at the array's chunk-grid extent on that axis and
     /// skipping a doubling that would pass the target. It stops when a round grows nothing.
-    /// The result is deterministic and never less than 1 on any axis.
+    /// The result is deterministic, never less than 1 on any axis, and never more than
+    /// `AUTO_MAX_CHUNKS_PER_SHARD` chunks in all.
     pub fn chunks_per_shard(
         &self,
         shape: &[u64],
@@ -119,7 +124,8 @@ impl ShardPolicy {
                         }
                         let old = cps[axis];
                         cps[axis] = next;
-                        if bytes(&cps) > *target_bytes {
+                        let chunks = cps.iter().fold(1u64, |a, &n| a.saturating_mul(n));
+                        if bytes(&cps) > *target_bytes || chunks > AUTO_MAX_CHUNKS_PER_SHARD {
                             cps[axis] = old;
                         } else {
                             grew = true;
@@ -191,6 +197,14 @@ mod tests {
                 .unwrap(),
             vec![1]
         );
+    }
+
+    #[test]
+    fn auto_caps_the_number_of_tiny_chunks() {
+        let cps = ShardPolicy::default()
+            .chunks_per_shard(&[1 << 20, 1 << 20], &[1, 1], Some(1))
+            .unwrap();
+        assert_eq!(cps.iter().product::<u64>(), AUTO_MAX_CHUNKS_PER_SHARD);
     }
 
     #[test]

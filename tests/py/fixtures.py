@@ -199,14 +199,16 @@ def metadata(out):
     add("zarr-python sharded array in group", os.path.join(out, "hier_sharded", "sub", "b"),
         os.path.join(out, "hier_twin", "sub", "b"))
 
-    # tensorstore, sharded and unsharded, with attributes and dimension names.
-    for sharded in (True, False):
-        p = os.path.join(out, f"ts_{'s' if sharded else 'u'}")
+    # tensorstore, sharded (index at the start, and at the end, which it leaves out as the
+    # default) and unsharded, with attributes and dimension names.
+    for kind in ("s", "s_end", "u"):
+        sharded = kind != "u"
+        p = os.path.join(out, f"ts_{kind}")
         inner_codecs = [{"name": "bytes", "configuration": {"endian": "little"}},
                         {"name": "zstd", "configuration": {"level": 1}}]
         codecs = [{"name": "sharding_indexed", "configuration": {
             "chunk_shape": [4, 5], "codecs": inner_codecs,
-            "index_location": "start"}}] if sharded else inner_codecs
+            "index_location": "start" if kind == "s" else "end"}}] if sharded else inner_codecs
         ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": p},
                  "metadata": {"shape": [16, 25], "data_type": "int16",
                               "chunk_grid": {"name": "regular", "configuration": {
@@ -214,7 +216,7 @@ def metadata(out):
                               "codecs": codecs, "dimension_names": ["row", ""],
                               "attributes": {"k": [1, {"z": True}]}}},
                 create=True, delete_existing=True).result()
-        add(f"tensorstore {'sharded' if sharded else 'unsharded'} array", p)
+        add(f"tensorstore {kind} array", p)
 
     with open(os.path.join(out, "manifest.json"), "w") as f:
         json.dump(docs, f)

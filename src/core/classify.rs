@@ -1,0 +1,105 @@
+//! What a backing directory is (plain, sharded array, group), read from its `zarr.json` and
+//! cached until that file changes.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use tracing::{info, warn};
+
+use super::array::{ArrayState, lock};
+use super::error::FsError;
+use super::group::GroupView;
+use crate::backing::{Backing, FileVersion, mtime_of};
+use crate::zarr::{
+    LayoutError, METADATA_FILE, Node, ShardLayout, translate_consolidated, unsharded_view,
+};
+
+#[derive(Clone, Debug)]
+pub enum DirClass {
+    /// No `zarr.json`, an unsharded or unshowable array, or unreadable metadata: shown as is.
+    Plain,
+    ShardedArray(Arc<ArrayState>),
+    /// A group; `Some` when its consolidated metadata is translated.
+    Group(Option<Arc<GroupView>>),
+}
+
+#[derive(Debug, Default)]
+pub struct Classifier {
+    cache: Mutex<HashMap<PathBuf, (FileVersion, DirClass)>>,
+}
+
+impl Classifier {
+    pub fn classify(&self, backing: &Backing, dir: &Path) -> Result<DirClass, FsError> {
+        let doc = dir.join(METADATA_FILE);
+        let meta = match backing.stat(&doc)? {
+            Some(m) if m.is_file() => m,
+            _ => {
+                lock(&self.cache).remove(dir);
+                return Ok(DirClass::Plain);
+            }
+        };
+        let version = FileVersion::of(&meta);
+        if let Some((v, class)) = lock(&self.cache).get(dir)
+            && *v == version
+        {
+            return Ok(class.clone());
+        }
+        let bytes = backing.read(&doc)?.unwrap_or_default();
+        let class = classify_document(dir, &doc, &bytes, version, mtime_of(&meta), backing);
+        lock(&self.cache).insert(dir.to_path_buf(), (version, class.clone()));
+        Ok(class)
+    }
+}
+
+fn classify_document(
+    dir: &Path,
+    doc: &Path,
+    bytes: &[u8],
+    version: FileVersion,
+    mtime: std::time::SystemTime,
+    backing: &Backing,
+) -> DirClass {
+    let shown = backing.path(doc);
+    match Node::parse(bytes) {
+        Err(e) => {
+            warn!(file = %shown.display(), "not Zarr v3 metadata, shown as it is: {e}");
+            DirClass::Plain
+        }
+        Ok(Node::Array(meta)) => match (ShardLayout::of(&meta), unsharded_view(&meta)) {
+            (Ok(Some(layout)), Ok(view)) => DirClass::ShardedArray(Arc::new(ArrayState::new(
+                dir.to_path_buf(),
+                meta,
+                layout,
+                Bytes::from(Node::Array(view).to_json_bytes()),
+                version,
+                mtime,
+            ))),
+            (Ok(None), _) => DirClass::Plain,
+            (Err(e), _) | (_, Err(e)) => {
+                info!(array = %shown.display(), "array shown as it is, not unsharded: {e}");
+                DirClass::Plain
+            }
+        },
+        Ok(Node::Group(group)) => {
+            if group.consolidated_entries().is_none() {
+                return DirClass::Group(None);
+            }
+            let (view, refused) = translate_consolidated(&group, |_, a| unsharded_view(a));
+            for (path, e) in refused {
+                if e != LayoutError::NotSharded {
+                    info!(group = %shown.display(), entry = %path,
+                        "consolidated entry shown as it is, not unsharded: {e}");
+                }
+            }
+            if view == group {
+                return DirClass::Group(None);
+            }
+            DirClass::Group(Some(Arc::new(GroupView {
+                json: Bytes::from(Node::Group(view).to_json_bytes()),
+                mtime,
+            })))
+        }
+    }
+}

@@ -1,0 +1,250 @@
+//! The inode table. An inode is a name in a directory (which can move) plus what it is; its
+//! number stays the same while the kernel holds it, because tools compare them (Python's
+//! `shutil.rmtree` checks that `lstat` and `fstat` of a directory agree).
+
+use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use super::array::{ArrayState, lock};
+use super::group::GroupView;
+use crate::zarr::KeyNode;
+
+pub type Ino = u64;
+pub const ROOT: Ino = 1;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FileType {
+    Dir,
+    File,
+    Symlink,
+    Other,
+}
+
+/// What a name in the mount is.
+#[derive(Clone, Debug)]
+pub enum NodeKind {
+    /// A directory of BACKING, shown as it is.
+    Dir,
+    /// A regular file of BACKING, shown as it is.
+    File,
+    Symlink,
+    /// FIFOs, sockets, devices: shown with their attributes, nothing more.
+    Other,
+    /// The directory of a sharded array shown unsharded.
+    ArrayDir(Arc<ArrayState>),
+    /// The translated `zarr.json` of a sharded array.
+    ArrayMeta(Arc<ArrayState>),
+    /// A group `zarr.json` whose consolidated metadata is translated.
+    GroupMeta(Arc<GroupView>),
+    /// A directory of chunk keys (`c`, `c/4`, ...).
+    ChunkDir {
+        array: Arc<ArrayState>,
+        node: KeyNode,
+    },
+    /// One inner chunk, as a file.
+    Chunk {
+        array: Arc<ArrayState>,
+        coords: Vec<u64>,
+    },
+    /// The mount's control file in the root (not listed): reading it gives the daemon's
+    /// state as JSON.
+    Control,
+}
+
+impl NodeKind {
+    pub fn file_type(&self) -> FileType {
+        match self {
+            NodeKind::Dir | NodeKind::ArrayDir(_) | NodeKind::ChunkDir { .. } => FileType::Dir,
+            NodeKind::File
+            | NodeKind::ArrayMeta(_)
+            | NodeKind::GroupMeta(_)
+            | NodeKind::Chunk { .. }
+            | NodeKind::Control => FileType::File,
+            NodeKind::Symlink => FileType::Symlink,
+            NodeKind::Other => FileType::Other,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Inode {
+    parent: Ino,
+    name: OsString,
+    kind: NodeKind,
+    lookups: u64,
+}
+
+#[derive(Debug)]
+struct Inner {
+    nodes: HashMap<Ino, Inode>,
+    by_name: HashMap<(Ino, OsString), Ino>,
+    next: Ino,
+}
+
+#[derive(Debug)]
+pub struct InodeTable {
+    inner: Mutex<Inner>,
+}
+
+/// An inode as seen at one moment: where it is and what it is.
+#[derive(Clone, Debug)]
+pub struct NodeInfo {
+    pub ino: Ino,
+    /// Path relative to the mount root (and to the backing root: they coincide).
+    pub rel: PathBuf,
+    pub kind: NodeKind,
+}
+
+impl Default for InodeTable {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl InodeTable {
+    pub fn new() -> InodeTable {
+        let mut nodes = HashMap::new();
+        nodes.insert(
+            ROOT,
+            Inode {
+                parent: ROOT,
+                name: OsString::new(),
+                kind: NodeKind::Dir,
+                lookups: 1,
+            },
+        );
+        InodeTable {
+            inner: Mutex::new(Inner {
+                nodes,
+                by_name: HashMap::new(),
+                next: ROOT + 1,
+            }),
+        }
+    }
+
+    pub fn get(&self, ino: Ino) -> Option<NodeInfo> {
+        let inner = lock(&self.inner);
+        let node = inner.nodes.get(&ino)?;
+        Some(NodeInfo {
+            ino,
+            rel: path_of(&inner, ino)?,
+            kind: node.kind.clone(),
+        })
+    }
+
+    /// Records one kernel lookup of `name` in `parent`, which is `kind`. The inode of that
+    /// name is reused when it is still the same type of file.
+    pub fn lookup(&self, parent: Ino, name: &OsStr, kind: NodeKind) -> Ino {
+        let mut inner = lock(&self.inner);
+        let key = (parent, name.to_os_string());
+        if let Some(&ino) = inner.by_name.get(&key)
+            && let Some(node) = inner.nodes.get_mut(&ino)
+            && node.kind.file_type() == kind.file_type()
+        {
+            node.kind = kind;
+            node.lookups += 1;
+            return ino;
+        }
+        let ino = inner.next;
+        inner.next += 1;
+        inner.nodes.insert(
+            ino,
+            Inode {
+                parent,
+                name: name.to_os_string(),
+                kind,
+                lookups: 1,
+            },
+        );
+        inner.by_name.insert(key, ino);
+        ino
+    }
+
+    /// Replaces what the root is (it may itself be an array directory).
+    pub fn set_root_kind(&self, kind: NodeKind) {
+        if let Some(root) = lock(&self.inner).nodes.get_mut(&ROOT) {
+            root.kind = kind;
+        }
+    }
+
+    /// The kernel dropped `n` lookups of `ino`; at zero the inode is gone.
+    pub fn forget(&self, ino: Ino, n: u64) {
+        if ino == ROOT {
+            return;
+        }
+        let mut inner = lock(&self.inner);
+        let Some(node) = inner.nodes.get_mut(&ino) else {
+            return;
+        };
+        node.lookups = node.lookups.saturating_sub(n);
+        if node.lookups == 0 {
+            let key = (node.parent, node.name.clone());
+            inner.nodes.remove(&ino);
+            if inner.by_name.get(&key) == Some(&ino) {
+                inner.by_name.remove(&key);
+            }
+        }
+    }
+
+    /// The inode `name` in `parent` has now, without counting a lookup.
+    pub fn peek(&self, parent: Ino, name: &OsStr) -> Option<Ino> {
+        lock(&self.inner)
+            .by_name
+            .get(&(parent, name.to_os_string()))
+            .copied()
+    }
+
+    pub fn len(&self) -> usize {
+        lock(&self.inner).nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn path_of(inner: &Inner, mut ino: Ino) -> Option<PathBuf> {
+    let mut names = Vec::new();
+    while ino != ROOT {
+        let node = inner.nodes.get(&ino)?;
+        names.push(node.name.as_os_str());
+        ino = node.parent;
+    }
+    Some(names.iter().rev().collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inode_numbers_are_stable_while_held_and_paths_follow_parents() {
+        let t = InodeTable::new();
+        let a = t.lookup(ROOT, OsStr::new("a"), NodeKind::Dir);
+        let b = t.lookup(a, OsStr::new("b"), NodeKind::File);
+        assert_eq!(t.lookup(ROOT, OsStr::new("a"), NodeKind::Dir), a);
+        assert_eq!(t.get(b).unwrap().rel, PathBuf::from("a/b"));
+        assert_eq!(t.get(ROOT).unwrap().rel, PathBuf::new());
+        // Two lookups of `a`: one forget leaves it.
+        t.forget(a, 1);
+        assert!(t.get(a).is_some());
+        t.forget(a, 1);
+        assert!(t.get(a).is_none());
+        // A new lookup after the kernel forgot it may get a new number, never an old one.
+        let a2 = t.lookup(ROOT, OsStr::new("a"), NodeKind::Dir);
+        assert!(a2 > b);
+    }
+
+    #[test]
+    fn a_name_that_changes_type_gets_a_new_inode() {
+        let t = InodeTable::new();
+        let x = t.lookup(ROOT, OsStr::new("x"), NodeKind::File);
+        let y = t.lookup(ROOT, OsStr::new("x"), NodeKind::Dir);
+        assert_ne!(x, y);
+        // The old one lives until forgotten, and forgetting it leaves the new one reachable.
+        t.forget(x, 1);
+        assert_eq!(t.lookup(ROOT, OsStr::new("x"), NodeKind::Dir), y);
+    }
+}

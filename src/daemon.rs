@@ -1,0 +1,355 @@
+//! The life of a mount: starting the daemon, serving until unmounted, and unmounting.
+//!
+//! `shardfs mount` starts a copy of itself with `--foreground` in a new session, its stderr
+//! going to the log file, and returns once that copy reports the mount live (or failed)
+//! through a pipe. SIGINT and SIGTERM make the daemon detach the mount; the kernel then ends
+//! the session once no file is open, and the daemon exits after writing its status file.
+
+use std::ffi::CString;
+use std::fs;
+use std::io::{self, Read, Write};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fuser::{Config, MountOption, Session, SessionACL};
+use thiserror::Error;
+use tracing::{error, info};
+
+use crate::backing::Backing;
+use crate::core::{CONTROL_FILE, DaemonInfo, ShardFs};
+use crate::fuse::FuseAdapter;
+
+#[derive(Clone, Debug)]
+pub struct MountConfig {
+    pub backing: PathBuf,
+    pub mountpoint: PathBuf,
+    pub threads: usize,
+    pub allow_other: bool,
+}
+
+#[derive(Debug, Error)]
+pub enum DaemonError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error(
+        "{0} is a dead shardfs mount (its daemon is gone): clear it with `shardfs unmount {0}` or `umount -l {0}`"
+    )]
+    DeadMount(String),
+    #[error("{0} is already a mount point")]
+    AlreadyMounted(String),
+    #[error("{0} is not a directory")]
+    NotADirectory(String),
+    #[error("{0} is not a shardfs mount")]
+    NotShardfs(String),
+    #[error("{0} is busy (files are open on it); close them or use --lazy")]
+    Busy(String),
+    #[error("the daemon failed to start: {0}")]
+    StartFailed(String),
+    #[error("the daemon reported: {0}")]
+    Unclean(String),
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> DaemonError + '_ {
+    move |source| DaemonError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Where a daemon writes its status when it exits.
+fn runtime_dir() -> PathBuf {
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    std::env::temp_dir().join(format!("shardfs-{uid}"))
+}
+
+/// The default log file of the daemon serving `mountpoint`.
+pub fn default_log_file(mountpoint: &Path) -> PathBuf {
+    let name: String = mountpoint
+        .to_string_lossy()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    runtime_dir().join(format!("{name}.log"))
+}
+
+/// The mount entry for `path` in /proc/self/mountinfo: its filesystem type and source.
+fn mount_type(path: &Path) -> Option<(String, String)> {
+    let info = fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let target = path.as_os_str().as_bytes();
+    info.lines().rev().find_map(|line| {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let mount_point = unescape_mountinfo(fields.get(4)?);
+        let dash = fields.iter().position(|f| *f == "-")?;
+        let fstype = fields.get(dash + 1)?.to_string();
+        let source = unescape_mountinfo(fields.get(dash + 2)?);
+        (mount_point.as_bytes() == target).then_some((fstype, source))
+    })
+}
+
+fn unescape_mountinfo(s: &str) -> String {
+    s.replace("\\040", " ")
+        .replace("\\011", "\t")
+        .replace("\\012", "\n")
+        .replace("\\134", "\\")
+}
+
+/// Checks that `mountpoint` can be mounted on: a live directory, not already a mount.
+fn check_mountpoint(mountpoint: &Path) -> Result<(), DaemonError> {
+    match fs::metadata(mountpoint) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            Err(DaemonError::DeadMount(mountpoint.display().to_string()))
+        }
+        Err(e) => Err(io_err(mountpoint)(e)),
+        Ok(m) if !m.is_dir() => Err(DaemonError::NotADirectory(mountpoint.display().to_string())),
+        Ok(_) if mount_type(mountpoint).is_some() => Err(DaemonError::AlreadyMounted(
+            mountpoint.display().to_string(),
+        )),
+        Ok(_) => Ok(()),
+    }
+}
+
+/// `shardfs mount` without `--foreground`: starts the daemon and waits until it serves.
+pub fn spawn_daemon(
+    config: &MountConfig,
+    args: &[std::ffi::OsString],
+    log_file: &Path,
+) -> Result<(), DaemonError> {
+    check_mountpoint(&config.mountpoint)?;
+    if let Some(dir) = log_file.parent() {
+        fs::create_dir_all(dir).map_err(io_err(dir))?;
+    }
+    let log = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log_file)
+        .map_err(io_err(log_file))?;
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io_err(Path::new("pipe"))(io::Error::last_os_error()));
+    }
+    // SAFETY: pipe2 just returned these two open descriptors, owned by nobody else.
+    let (read_end, write_end) =
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let exe = std::env::current_exe().map_err(io_err(Path::new("/proc/self/exe")))?;
+    let write_raw = fds[1];
+    let mut cmd = Command::new(exe);
+    cmd.args(args)
+        .arg("--foreground")
+        .arg("--ready-fd")
+        .arg("3")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log);
+    // SAFETY: between fork and exec only async-signal-safe calls are made.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(write_raw, 3) < 0 || libc::setsid() < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().map_err(io_err(Path::new("shardfs")))?;
+    drop(write_end);
+    let mut report = String::new();
+    let mut reader = fs::File::from(read_end);
+    let _ = reader.read_to_string(&mut report);
+    if report.trim() == "ok" {
+        return Ok(());
+    }
+    let _ = child.wait();
+    let reason = if report.trim().is_empty() {
+        format!("it exited; see {}", log_file.display())
+    } else {
+        report.trim().to_string()
+    };
+    Err(DaemonError::StartFailed(reason))
+}
+
+/// Blocks the signals the daemon handles in this thread and every thread it starts later,
+/// so that only the signal thread receives them.
+fn block_signals() -> libc::sigset_t {
+    // SAFETY: plain libc signal-set manipulation on a zeroed, then initialised, set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGHUP);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+fn detach(mountpoint: &Path) -> io::Result<()> {
+    let c = CString::new(mountpoint.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: `c` is a valid C string.
+    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The daemon proper: mounts, reports through `ready`, serves until unmounted.
+pub fn run_foreground(config: &MountConfig, ready: Option<OwnedFd>) -> Result<(), DaemonError> {
+    let mut ready = ready.map(fs::File::from);
+    let mut report = |msg: &str| {
+        if let Some(f) = ready.as_mut() {
+            let _ = f.write_all(msg.as_bytes());
+        }
+    };
+    if let Err(e) = check_mountpoint(&config.mountpoint) {
+        report(&e.to_string());
+        return Err(e);
+    }
+    let backing = fs::canonicalize(&config.backing).map_err(io_err(&config.backing))?;
+    let status_file = runtime_dir().join(format!("{}.status", std::process::id()));
+    if let Some(dir) = status_file.parent() {
+        fs::create_dir_all(dir).map_err(io_err(dir))?;
+    }
+    let _ = fs::remove_file(&status_file);
+    let signals = block_signals();
+    let core = Arc::new(ShardFs::new(
+        Backing::new(backing.clone()),
+        DaemonInfo {
+            pid: std::process::id(),
+            status_file: status_file.clone(),
+        },
+    ));
+    let mut fuse_config = Config::default();
+    fuse_config.mount_options = vec![
+        MountOption::FSName(format!("shardfs:{}", backing.display())),
+        MountOption::Subtype("shardfs".into()),
+        MountOption::DefaultPermissions,
+        MountOption::NoAtime,
+    ];
+    if config.allow_other {
+        fuse_config.acl = SessionACL::All;
+    }
+    fuse_config.n_threads = Some(config.threads.max(1));
+    fuse_config.clone_fd = true;
+    let session = match Session::new(
+        FuseAdapter::new(core.clone()),
+        &config.mountpoint,
+        &fuse_config,
+    ) {
+        Ok(s) => s,
+        Err(e) => {
+            let e = io_err(&config.mountpoint)(e);
+            report(&format!("mount failed: {e}"));
+            return Err(e);
+        }
+    };
+    let mountpoint = config.mountpoint.clone();
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let mut sig = 0;
+            // SAFETY: `signals` is an initialised set; `sig` receives the signal number.
+            while unsafe { libc::sigwait(&signals, &mut sig) } == 0 {
+                info!(signal = sig, "signal received: unmounting");
+                if let Err(e) = detach(&mountpoint) {
+                    error!("could not unmount {}: {e}", mountpoint.display());
+                }
+            }
+        })
+        .map_err(io_err(Path::new("signal thread")))?;
+    info!(
+        backing = %backing.display(),
+        mountpoint = %config.mountpoint.display(),
+        "mounted"
+    );
+    report("ok\n");
+    drop(ready);
+    let result = session.run();
+    let status = match &result {
+        Ok(()) => "ok\n".to_string(),
+        Err(e) => format!("session ended with an error: {e}\n"),
+    };
+    info!("unmounted: {}", status.trim());
+    let _ = fs::write(&status_file, &status);
+    result.map_err(io_err(&config.mountpoint))
+}
+
+/// The daemon's answers through the control file.
+#[derive(serde::Deserialize)]
+struct ControlInfo {
+    pid: u32,
+    status_file: PathBuf,
+}
+
+/// `shardfs unmount`: unmount, then wait for the daemon to finish writing and exit.
+pub fn unmount(mountpoint: &Path, lazy: bool) -> Result<(), DaemonError> {
+    let shown = mountpoint.display().to_string();
+    match fs::metadata(mountpoint) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            detach(mountpoint).map_err(io_err(mountpoint))?;
+            return Err(DaemonError::Unclean(format!(
+                "{shown} was a dead mount and has been cleared; whatever its daemon had not \
+                 written when it died is lost"
+            )));
+        }
+        Err(e) => return Err(io_err(mountpoint)(e)),
+        Ok(_) => {}
+    }
+    let is_shardfs = mount_type(mountpoint).is_some_and(|(fstype, source)| {
+        fstype.starts_with("fuse") && source.starts_with("shardfs:")
+    });
+    if !is_shardfs {
+        return Err(DaemonError::NotShardfs(shown));
+    }
+    let control = mountpoint.join(CONTROL_FILE);
+    let info: ControlInfo = serde_json::from_slice(&fs::read(&control).map_err(io_err(&control))?)
+        .map_err(|e| io_err(&control)(io::Error::new(io::ErrorKind::InvalidData, e)))?;
+    let c = CString::new(mountpoint.as_os_str().as_bytes())
+        .map_err(|_| DaemonError::NotShardfs(shown.clone()))?;
+    let flags = if lazy { libc::MNT_DETACH } else { 0 };
+    // SAFETY: `c` is a valid C string.
+    if unsafe { libc::umount2(c.as_ptr(), flags) } != 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EBUSY) {
+            return Err(DaemonError::Busy(shown));
+        }
+        return Err(io_err(mountpoint)(e));
+    }
+    wait_for_exit(info.pid);
+    match fs::read_to_string(&info.status_file) {
+        Ok(s) if s.trim() == "ok" => Ok(()),
+        Ok(s) => Err(DaemonError::Unclean(s.trim().to_string())),
+        Err(e) => Err(DaemonError::Unclean(format!(
+            "no status from the daemon ({}: {e})",
+            info.status_file.display()
+        ))),
+    }
+}
+
+/// Waits until process `pid` is gone.
+fn wait_for_exit(pid: u32) {
+    let start = Instant::now();
+    let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+    while proc_dir.exists() {
+        // A zombie has finished; its parent (the shell that ran `shardfs mount`) reaps it.
+        if let Ok(stat) = fs::read_to_string(proc_dir.join("stat"))
+            && stat
+                .rsplit(')')
+                .next()
+                .is_some_and(|r| r.trim_start().starts_with('Z'))
+        {
+            return;
+        }
+        let step = if start.elapsed() < Duration::from_secs(1) {
+            10
+        } else {
+            100
+        };
+        std::thread::sleep(Duration::from_millis(step));
+    }
+}
