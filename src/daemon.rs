@@ -101,17 +101,30 @@ fn unescape_mountinfo(s: &str) -> String {
 
 /// Checks that `mountpoint` can be mounted on: a live directory, not already a mount.
 fn check_mountpoint(mountpoint: &Path) -> Result<(), DaemonError> {
+    let shown = || mountpoint.display().to_string();
+    if is_dead_mount(mountpoint) {
+        return Err(DaemonError::DeadMount(shown()));
+    }
     match fs::metadata(mountpoint) {
-        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
-            Err(DaemonError::DeadMount(mountpoint.display().to_string()))
-        }
         Err(e) => Err(io_err(mountpoint)(e)),
-        Ok(m) if !m.is_dir() => Err(DaemonError::NotADirectory(mountpoint.display().to_string())),
-        Ok(_) if mount_type(mountpoint).is_some() => Err(DaemonError::AlreadyMounted(
-            mountpoint.display().to_string(),
-        )),
+        Ok(m) if !m.is_dir() => Err(DaemonError::NotADirectory(shown())),
+        Ok(_) if mount_type(mountpoint).is_some() => Err(DaemonError::AlreadyMounted(shown())),
         Ok(_) => Ok(()),
     }
+}
+
+/// Whether `mountpoint` is a FUSE mount whose daemon is gone. `statfs` always reaches the
+/// daemon (a `stat` may be answered from the kernel's attribute cache), so it tells.
+fn is_dead_mount(mountpoint: &Path) -> bool {
+    let Ok(c) = CString::new(mountpoint.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: `c` is a valid C string and `buf` a properly sized out-parameter.
+    let failed = unsafe {
+        let mut buf: libc::statfs = std::mem::zeroed();
+        libc::statfs(c.as_ptr(), &mut buf) != 0
+    };
+    failed && io::Error::last_os_error().raw_os_error() == Some(libc::ENOTCONN)
 }
 
 /// `shardfs mount` without `--foreground`: starts the daemon and waits until it serves.
@@ -289,16 +302,12 @@ struct ControlInfo {
 /// `shardfs unmount`: unmount, then wait for the daemon to finish writing and exit.
 pub fn unmount(mountpoint: &Path, lazy: bool) -> Result<(), DaemonError> {
     let shown = mountpoint.display().to_string();
-    match fs::metadata(mountpoint) {
-        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
-            detach(mountpoint).map_err(io_err(mountpoint))?;
-            return Err(DaemonError::Unclean(format!(
-                "{shown} was a dead mount and has been cleared; whatever its daemon had not \
-                 written when it died is lost"
-            )));
-        }
-        Err(e) => return Err(io_err(mountpoint)(e)),
-        Ok(_) => {}
+    if is_dead_mount(mountpoint) {
+        detach(mountpoint).map_err(io_err(mountpoint))?;
+        return Err(DaemonError::Unclean(format!(
+            "{shown} was a dead mount and has been cleared; whatever its daemon had not \
+             written when it died is lost"
+        )));
     }
     let is_shardfs = mount_type(mountpoint).is_some_and(|(fstype, source)| {
         fstype.starts_with("fuse") && source.starts_with("shardfs:")

@@ -41,6 +41,13 @@ fn documents_round_trip_and_translate_to_their_unsharded_twins() {
             Node::Array(a) => {
                 let view = unsharded_view(a).unwrap();
                 assert_eq!(Node::Array(view.clone()).to_value(), twin, "{kind}: {path}");
+                // Byte for byte what zarr-python writes, key order and formatting included.
+                let twin_bytes = fs::read(doc["unsharded_twin"].as_str().unwrap()).unwrap();
+                assert_eq!(
+                    String::from_utf8(Node::Array(view.clone()).to_json_bytes()).unwrap(),
+                    String::from_utf8(twin_bytes).unwrap(),
+                    "{kind}: {path}"
+                );
                 // And back, with the original's chunks per shard and index location.
                 let layout = ShardLayout::of(a).unwrap().unwrap();
                 let again =

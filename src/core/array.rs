@@ -68,6 +68,12 @@ pub enum ChunkData {
         range: ChunkRange,
         mtime: SystemTime,
     },
+    /// Its shard's index is damaged: the chunk is listed, but reading it fails with EIO.
+    Damaged {
+        path: PathBuf,
+        reason: IndexError,
+        mtime: SystemTime,
+    },
 }
 
 /// The entries of a directory of the chunk-key tree.
@@ -150,7 +156,20 @@ impl ArrayState {
             return Ok(ChunkData::Absent);
         }
         let loc = self.layout.locate(coords);
-        Ok(match self.shard(backing, &loc.shard)? {
+        let snapshot = match self.shard(backing, &loc.shard) {
+            Err(FsError::DamagedShard { path, reason }) => {
+                let mtime = backing
+                    .stat(&self.shard_rel(&loc.shard))?
+                    .map_or(SystemTime::UNIX_EPOCH, |m| mtime_of(&m));
+                return Ok(ChunkData::Damaged {
+                    path,
+                    reason,
+                    mtime,
+                });
+            }
+            other => other?,
+        };
+        Ok(match snapshot {
             None => ChunkData::Absent,
             Some(snap) => match snap.index.get(loc.pos) {
                 None => ChunkData::Absent,

@@ -164,7 +164,7 @@ impl ShardFs {
             None => self.resolve_backing(Path::new(""), rel, name, false),
             Some(KeyNode::Chunk(coords)) => match array.chunk(&self.backing, &coords)? {
                 ChunkData::Absent => Err(FsError::NotFound),
-                ChunkData::Stored { .. } => Ok(NodeKind::Chunk {
+                ChunkData::Stored { .. } | ChunkData::Damaged { .. } => Ok(NodeKind::Chunk {
                     array: array.clone(),
                     coords,
                 }),
@@ -256,6 +256,10 @@ impl ShardFs {
                 ChunkData::Absent => Err(FsError::NotFound),
                 ChunkData::Stored { range, mtime, .. } => {
                     Ok(Attr::virtual_file(ino, &owner(array)?, range.nbytes, mtime))
+                }
+                // Its size is unknown: shown empty; opening it fails with EIO.
+                ChunkData::Damaged { mtime, .. } => {
+                    Ok(Attr::virtual_file(ino, &owner(array)?, 0, mtime))
                 }
             },
         }
@@ -379,6 +383,9 @@ impl ShardFs {
             NodeKind::Chunk { array, coords } => match array.chunk(&self.backing, coords)? {
                 ChunkData::Absent => return Err(FsError::NotFound),
                 ChunkData::Stored { file, range, .. } => Handle::Chunk { file, range },
+                ChunkData::Damaged { path, reason, .. } => {
+                    return Err(FsError::DamagedShard { path, reason });
+                }
             },
             NodeKind::Dir | NodeKind::ArrayDir(_) | NodeKind::ChunkDir { .. } => {
                 return Err(FsError::IsDir);

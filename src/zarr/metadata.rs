@@ -107,6 +107,10 @@ pub struct ArrayMetadata {
     pub extra: Map<String, Value>,
     pub zarr_format: u64,
     pub node_type: String,
+    /// The document's top-level key order, kept so that a rewritten document differs from
+    /// the original only where its values do.
+    #[serde(skip)]
+    pub key_order: Vec<String>,
 }
 
 /// A group's `zarr.json`. Consolidated metadata stays in `extra` (it may be `null`, and its
@@ -117,6 +121,8 @@ pub struct GroupMetadata {
     pub extra: Map<String, Value>,
     pub zarr_format: u64,
     pub node_type: String,
+    #[serde(skip)]
+    pub key_order: Vec<String>,
 }
 
 // Few documents are alive at once; boxing the array variant would only add noise.
@@ -156,15 +162,16 @@ impl Node {
             Some(Value::Number(n)) if n.as_u64() == Some(3) => {}
             other => return Err(MetadataError::NotV3(other.cloned().unwrap_or(Value::Null))),
         }
+        let key_order: Vec<String> = obj.keys().cloned().collect();
         match obj.get("node_type").and_then(Value::as_str) {
             Some("array") => serde_json::from_value(value)
-                .map(Node::Array)
+                .map(|a| Node::Array(ArrayMetadata { key_order, ..a }))
                 .map_err(|source| MetadataError::Invalid {
                     node: "array",
                     source,
                 }),
             Some("group") => serde_json::from_value(value)
-                .map(Node::Group)
+                .map(|g| Node::Group(GroupMetadata { key_order, ..g }))
                 .map_err(|source| MetadataError::Invalid {
                     node: "group",
                     source,
@@ -177,11 +184,23 @@ impl Node {
 
     pub fn to_value(&self) -> Value {
         // Serialising plain maps, strings and numbers cannot fail.
-        match self {
-            Node::Array(a) => serde_json::to_value(a),
-            Node::Group(g) => serde_json::to_value(g),
+        let (value, order) = match self {
+            Node::Array(a) => (serde_json::to_value(a), &a.key_order),
+            Node::Group(g) => (serde_json::to_value(g), &g.key_order),
+        };
+        match value {
+            Ok(Value::Object(mut fields)) => {
+                let mut ordered = Map::new();
+                for key in order {
+                    if let Some(v) = fields.shift_remove(key) {
+                        ordered.insert(key.clone(), v);
+                    }
+                }
+                ordered.extend(fields);
+                Value::Object(ordered)
+            }
+            _ => Value::Null,
         }
-        .unwrap_or(Value::Null)
     }
 
     /// Pretty JSON with two-space indentation, as zarr-python writes it.
@@ -275,6 +294,9 @@ mod tests {
         });
         let node = Node::from_value(doc.clone()).unwrap();
         assert_eq!(node.to_value(), doc);
+        // Key order too, not only the values.
+        let keys = |v: &Value| v.as_object().unwrap().keys().cloned().collect::<Vec<_>>();
+        assert_eq!(keys(&node.to_value()), keys(&doc));
         let Node::Array(a) = &node else {
             panic!("not an array")
         };

@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests: the pinned Python clients and the shardfs binary.
 #![allow(dead_code)]
 
+pub mod mount;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

@@ -103,6 +103,23 @@ def read_index(path, cps, location):
     }
 
 
+def encode_key(coords, enc):
+    name, sep = enc
+    parts = [str(c) for c in coords]
+    if name == "default":
+        return sep.join(["c"] + parts)
+    return sep.join(parts) if parts else "0"
+
+
+def parse_key(key, enc, ndim):
+    name, sep = enc
+    parts = key.split(sep)
+    if name == "default":
+        parts = parts[1:]
+    assert len(parts) == ndim, key
+    return [int(p) for p in parts]
+
+
 def shard_files(array_dir):
     for d, _, files in os.walk(array_dir):
         for f in files:
@@ -121,9 +138,15 @@ def native(out):
         np.save(path + ".npy", data)
         cps = [s // c for s, c in zip(shard, inner)]
         shards = {key: read_index(p, cps, loc) for key, p in shard_files(path)}
+        chunk_files = {}
+        for key, info in shards.items():
+            shard_coords = parse_key(key, enc, len(shape))
+            for c in info["chunks"]:
+                coords = [sc * n + w for sc, n, w in zip(shard_coords, cps, c["coords"])]
+                chunk_files[encode_key(coords, enc)] = {"nbytes": c["nbytes"], "shard": key}
         grid_count = math.prod(-(-s // c) for s, c in zip(shape, shard))
         manifest.append({"name": name, "path": path, "writer": writer, "shards": shards,
-                         "shard_grid_count": grid_count})
+                         "shard_grid_count": grid_count, "chunk_files": chunk_files})
     with open(os.path.join(out, "manifest.json"), "w") as f:
         json.dump(manifest, f)
 
@@ -222,6 +245,78 @@ def metadata(out):
         json.dump(docs, f)
 
 
+def hierarchy(out):
+    """A group hierarchy of sharded arrays with data, consolidated; data saved as .npy."""
+    root = os.path.join(out, "hier")
+    g = zarr.open_group(root, mode="w", attributes={"about": "root"})
+    sub = g.create_group("sub", attributes={"level": 1})
+    arrays = {}
+    for parent, path, shape, inner, shard, dtype in (
+            (g, "a", (20, 30), (5, 6), (10, 12), "float32"),
+            (sub, "b", (17,), (4,), (8,), "int64"),
+            (sub, "c", (6, 7, 8), (2, 3, 4), (4, 6, 8), "uint16")):
+        arr = parent.create_array(path.split("/")[-1], shape=shape, chunks=inner, shards=shard,
+                                  dtype=dtype, dimension_names=[f"d{i}" for i in range(len(shape))],
+                                  attributes={"name": path}, fill_value=0)
+        data = sample_data(shape, inner, shard, dtype, len(arrays) + 50)
+        arr[...] = data
+        full = path if parent is g else "sub/" + path
+        np.save(os.path.join(out, full.replace("/", "_") + ".npy"), data)
+        arrays[full] = {"chunks": list(inner), "npy": os.path.join(out, full.replace("/", "_") + ".npy")}
+    zarr.consolidate_metadata(root)
+    with open(os.path.join(out, "manifest.json"), "w") as f:
+        json.dump({"root": root, "arrays": arrays}, f)
+
+
+def check_consolidated(root, manifest_path):
+    """Opens ROOT through its consolidated metadata only and checks every array: unsharded
+    chunks equal to the inner chunks, data equal to the saved .npy (zarr-python), and
+    tensorstore reads each array equal too."""
+    with open(manifest_path) as f:
+        arrays = json.load(f)["arrays"]
+    g = zarr.open_consolidated(root, mode="r")
+    seen = 0
+    for path, info in arrays.items():
+        arr = g[path]
+        if arr.shards is not None:
+            sys.exit(f"{path}: consolidated metadata still says sharded: {arr.shards}")
+        if list(arr.chunks) != info["chunks"]:
+            sys.exit(f"{path}: chunks {arr.chunks} != inner {info['chunks']}")
+        expected = np.load(info["npy"])
+        if not np.array_equal(arr[...], expected):
+            sys.exit(f"{path}: zarr-python read differs")
+        t = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": os.path.join(root, path)}},
+                    open=True).result()
+        if not np.array_equal(t.read().result(), expected):
+            sys.exit(f"{path}: tensorstore read differs")
+        seen += 1
+    print(f"checked {seen}")
+
+
+def twins(out):
+    """Arrays written twice by zarr-python with the same data and codecs: sharded, and
+    unsharded with chunks = the inner chunks."""
+    names = []
+    for i, (name, shape, inner, shard, dtype, zst, enc) in enumerate((
+            ("t_2d_zstd_default", (10, 7), (2, 3), (4, 6), "int32", True, ("default", "/")),
+            ("t_3d_raw_v2dot", (9, 10, 11), (2, 3, 4), (4, 6, 8), "uint16", False, ("v2", ".")),
+            ("t_1d_zstd_defaultdot", (50,), (4,), (12,), "float64", True, ("default", ".")))):
+        data = sample_data(shape, inner, shard, dtype, 200 + i)
+        write_zarr(os.path.join(out, "sharded", name), shape, inner, shard, dtype, "end", zst, enc, data)
+        write_zarr(os.path.join(out, "unsharded", name), shape, inner, None, dtype, None, zst, enc, data)
+        names.append(name)
+    with open(os.path.join(out, "manifest.json"), "w") as f:
+        json.dump(names, f)
+
+
+def rewrite(array_dir, npy, seed):
+    """Writes new random data into an existing array (natively) and saves it as NPY."""
+    arr = zarr.open_array(array_dir, mode="r+")
+    data = np.random.default_rng(int(seed)).integers(1, 100, size=arr.shape).astype(arr.dtype)
+    arr[...] = data
+    np.save(npy, data)
+
+
 def check_read(array_dir, npy):
     expected = np.load(npy)
     got_zarr = zarr.open_array(array_dir, mode="r")[...]
@@ -236,5 +331,6 @@ def check_read(array_dir, npy):
 
 if __name__ == "__main__":
     cmd, *args = sys.argv[1:]
-    {"native": native, "unsharded": unsharded, "metadata": metadata,
-     "check-read": check_read}[cmd](*args)
+    {"native": native, "unsharded": unsharded, "metadata": metadata, "hierarchy": hierarchy,
+     "twins": twins, "rewrite": rewrite, "check-read": check_read,
+     "check-consolidated": check_consolidated}[cmd](*args)

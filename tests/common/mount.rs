@@ -1,0 +1,210 @@
+//! Real mounts for tests: a guard that unmounts on drop (also when the test fails), a
+//! watchdog that tears the mount down if a test hangs on it, and commands with timeouts.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// Runs `cmd`, killing it and failing the test when it takes longer than `limit`.
+pub fn run_timeout(cmd: &mut Command, limit: Duration) -> Output {
+    run_limited(cmd, limit).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Runs `cmd`, killing it when it takes longer than `limit`.
+pub fn run_limited(cmd: &mut Command, limit: Duration) -> Result<Output, String> {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let out_reader = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = out.read_to_end(&mut v);
+        v
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = err.read_to_end(&mut v);
+        v
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("{cmd:?} took longer than {limit:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Ok(Output {
+        status,
+        stdout: out_reader.join().unwrap_or_default(),
+        stderr: err_reader.join().unwrap_or_default(),
+    })
+}
+
+pub fn shardfs_timeout(args: &[&str], limit: Duration) -> Output {
+    run_timeout(
+        Command::new(env!("CARGO_BIN_EXE_shardfs")).args(args),
+        limit,
+    )
+}
+
+/// Runs a fixtures.py subcommand against the mount, with a timeout.
+pub fn python_timeout(args: &[&str], limit: Duration) -> Output {
+    run_timeout(
+        Command::new(super::python())
+            .arg(super::fixtures_script())
+            .args(args),
+        limit,
+    )
+}
+
+/// Whether `path` is a mount point now.
+pub fn is_mounted(path: &Path) -> bool {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let target = path.to_string_lossy().replace(' ', "\\040");
+    info.lines()
+        .any(|l| l.split(' ').nth(4) == Some(target.as_str()))
+}
+
+fn force_unmount(mountpoint: &Path, pid: Option<u32>) {
+    let _ = Command::new("umount").arg("-l").arg(mountpoint).output();
+    if let Some(pid) = pid {
+        let _ = Command::new("kill").arg("-9").arg(pid.to_string()).output();
+    }
+}
+
+/// A live shardfs mount of `backing` on a fresh temporary mount point.
+pub struct Mounted {
+    pub backing: PathBuf,
+    pub mountpoint: PathBuf,
+    pub log: PathBuf,
+    pub pid: u32,
+    _dir: tempfile::TempDir,
+    stop_watchdog: Option<mpsc::Sender<()>>,
+}
+
+impl Mounted {
+    /// Mounts with `shardfs mount` (the daemon form); the watchdog tears the mount down
+    /// after `limit` so that a hung test fails instead of hanging CI.
+    pub fn new(backing: &Path, extra_args: &[&str], limit: Duration) -> Mounted {
+        let dir = tempfile::tempdir().unwrap();
+        let mountpoint = dir.path().join("mnt");
+        std::fs::create_dir(&mountpoint).unwrap();
+        let log = dir.path().join("shardfs.log");
+        let mut args = vec![
+            "mount",
+            backing.to_str().unwrap(),
+            mountpoint.to_str().unwrap(),
+            "--log-file",
+            log.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra_args);
+        let out = shardfs_timeout(&args, Duration::from_secs(30));
+        assert!(
+            out.status.success(),
+            "mount failed: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        assert!(
+            is_mounted(&mountpoint),
+            "mount returned before the mount was live"
+        );
+        let control: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(mountpoint.join(".shardfs-control")).unwrap())
+                .unwrap();
+        let pid = control["pid"].as_u64().unwrap() as u32;
+        let (tx, rx) = mpsc::channel::<()>();
+        let (mp, p) = (mountpoint.clone(), pid);
+        std::thread::spawn(move || {
+            if let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(limit) {
+                eprintln!(
+                    "watchdog: test still using {} after {limit:?}; tearing it down",
+                    mp.display()
+                );
+                force_unmount(&mp, Some(p));
+            }
+        });
+        Mounted {
+            backing: backing.to_path_buf(),
+            mountpoint,
+            log,
+            pid,
+            _dir: dir,
+            stop_watchdog: Some(tx),
+        }
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.mountpoint.join(rel)
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// `shardfs unmount`, with a timeout.
+    pub fn unmount(&self, extra: &[&str]) -> Output {
+        let mut args = vec!["unmount", self.mountpoint.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        shardfs_timeout(&args, Duration::from_secs(60))
+    }
+
+    pub fn daemon_alive(&self) -> bool {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).unwrap_or_default();
+        !stat.is_empty()
+            && !stat
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+    }
+
+    /// Waits until the daemon has exited.
+    pub fn wait_daemon_gone(&self, limit: Duration) {
+        let start = Instant::now();
+        while self.daemon_alive() {
+            assert!(start.elapsed() < limit, "daemon {} still running", self.pid);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop_watchdog.take() {
+            let _ = tx.send(());
+        }
+        if is_mounted(&self.mountpoint) {
+            let unmounted = run_limited(
+                Command::new(env!("CARGO_BIN_EXE_shardfs"))
+                    .arg("unmount")
+                    .arg(&self.mountpoint),
+                Duration::from_secs(60),
+            );
+            if !unmounted.is_ok_and(|o| o.status.success()) {
+                force_unmount(&self.mountpoint, Some(self.pid));
+            }
+        }
+        if self.daemon_alive() {
+            let start = Instant::now();
+            while self.daemon_alive() && start.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if self.daemon_alive() {
+                force_unmount(&self.mountpoint, Some(self.pid));
+            }
+        }
+    }
+}
