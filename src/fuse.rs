@@ -48,6 +48,10 @@ fn file_type(t: FileType) -> fuser::FileType {
     }
 }
 
+fn ttl(a: &Attr) -> Duration {
+    if a.volatile { Duration::ZERO } else { TTL }
+}
+
 fn file_attr(a: &Attr) -> FileAttr {
     FileAttr {
         ino: INodeNo(a.ino),
@@ -76,6 +80,9 @@ impl Filesystem for FuseAdapter {
             InitFlags::FUSE_READDIRPLUS_AUTO,
             InitFlags::FUSE_PARALLEL_DIROPS,
             InitFlags::FUSE_MAX_PAGES,
+            // Page caches are kept across opens; a changed mtime seen on a later getattr
+            // drops them, so rewrites from outside the mount show within the TTL.
+            InitFlags::FUSE_AUTO_INVAL_DATA,
         ] {
             let _ = config.add_capabilities(flag);
         }
@@ -86,7 +93,7 @@ impl Filesystem for FuseAdapter {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         match self.core.lookup(parent.0, name) {
-            Ok(attr) => reply.entry(&TTL, &file_attr(&attr), Generation(0)),
+            Ok(attr) => reply.entry(&ttl(&attr), &file_attr(&attr), Generation(0)),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -97,7 +104,7 @@ impl Filesystem for FuseAdapter {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.core.getattr(ino.0) {
-            Ok(attr) => reply.attr(&TTL, &file_attr(&attr)),
+            Ok(attr) => reply.attr(&ttl(&attr), &file_attr(&attr)),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -213,7 +220,18 @@ impl Filesystem for FuseAdapter {
 
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         match self.core.open(ino.0) {
-            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Ok(o) => {
+                // Nothing is written through these handles: closing them needs no FLUSH
+                // round trip, which would cost as much as the read itself.
+                let mut flags = FopenFlags::FOPEN_NOFLUSH;
+                if o.keep_cache {
+                    flags |= FopenFlags::FOPEN_KEEP_CACHE;
+                }
+                if o.direct_io {
+                    flags |= FopenFlags::FOPEN_DIRECT_IO;
+                }
+                reply.opened(FileHandle(o.fh), flags)
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -315,5 +333,6 @@ fn dummy_dir_attr() -> Attr {
         uid: 0,
         gid: 0,
         rdev: 0,
+        volatile: false,
     }
 }

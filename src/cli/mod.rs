@@ -76,6 +76,10 @@ struct MountArgs {
     /// Let other users than the one mounting use the mount.
     #[arg(long)]
     allow_other: bool,
+    /// Readahead of the mount in KiB; chunk files up to this size are read in one request
+    /// (0 keeps the kernel's 128 KiB).
+    #[arg(long, default_value_t = 1024)]
+    read_ahead_kb: u32,
     /// Internal: the descriptor on which the daemon reports that the mount is live.
     #[arg(long, hide = true)]
     ready_fd: Option<i32>,
@@ -129,6 +133,7 @@ fn mount(args: MountArgs) -> ExitCode {
         mountpoint: abs(&args.mountpoint),
         threads: args.threads,
         allow_other: args.allow_other,
+        read_ahead_kb: args.read_ahead_kb,
     };
     if !config.backing.is_dir() {
         eprintln!("shardfs: {} is not a directory", config.backing.display());
@@ -150,6 +155,8 @@ fn mount(args: MountArgs) -> ExitCode {
         config.mountpoint.clone().into(),
         "--threads".into(),
         args.threads.to_string().into(),
+        "--read-ahead-kb".into(),
+        args.read_ahead_kb.to_string().into(),
     ];
     if args.allow_other {
         child_args.push("--allow-other".into());

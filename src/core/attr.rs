@@ -20,6 +20,8 @@ pub struct Attr {
     pub uid: u32,
     pub gid: u32,
     pub rdev: u32,
+    /// Content that changes on its own (the control file): the kernel must not cache it.
+    pub volatile: bool,
 }
 
 fn time(secs: i64, nsecs: i64) -> SystemTime {
@@ -55,6 +57,7 @@ impl Attr {
             uid: m.uid(),
             gid: m.gid(),
             rdev: m.rdev() as u32,
+            volatile: false,
         }
     }
 

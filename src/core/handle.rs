@@ -6,12 +6,11 @@ use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use bytes::Bytes;
-
 use super::array::lock;
 use super::error::FsError;
 use super::inode::FileType;
 use crate::shard::ChunkRange;
+use bytes::Bytes;
 
 /// One entry of a directory listing.
 #[derive(Clone, Debug)]
@@ -35,11 +34,27 @@ pub enum Handle {
     Dir(Arc<Vec<ListEntry>>),
     /// A file of BACKING.
     Backing(File),
-    /// A stored chunk: the shard file as it was at open (a later rewrite of the shard
-    /// replaces the file by rename, so this one stays whole) and the chunk's range in it.
+    /// A stored chunk: the shard file as it was at open and the chunk's range in it.
     Chunk { file: Arc<File>, range: ChunkRange },
-    /// A document served from memory (translated metadata).
+    /// A document served from memory (translated metadata, the control file).
     Bytes(Bytes),
+}
+
+/// Reads up to `size` bytes at `offset`, short only at the end of the file.
+pub fn read_full_at(file: &File, offset: u64, size: u64) -> std::io::Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; size as usize];
+    let mut filled = 0;
+    while filled < buf.len() {
+        match file.read_at(&mut buf[filled..], offset + filled as u64) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(filled);
+    Ok(buf)
 }
 
 #[derive(Debug, Default)]

@@ -169,14 +169,15 @@ impl InodeTable {
         }
     }
 
-    /// The kernel dropped `n` lookups of `ino`; at zero the inode is gone.
-    pub fn forget(&self, ino: Ino, n: u64) {
+    /// The kernel dropped `n` lookups of `ino`; at zero the inode is gone (and `true` is
+    /// returned).
+    pub fn forget(&self, ino: Ino, n: u64) -> bool {
         if ino == ROOT {
-            return;
+            return false;
         }
         let mut inner = lock(&self.inner);
         let Some(node) = inner.nodes.get_mut(&ino) else {
-            return;
+            return false;
         };
         node.lookups = node.lookups.saturating_sub(n);
         if node.lookups == 0 {
@@ -185,7 +186,9 @@ impl InodeTable {
             if inner.by_name.get(&key) == Some(&ino) {
                 inner.by_name.remove(&key);
             }
+            return true;
         }
+        false
     }
 
     /// The inode `name` in `parent` has now, without counting a lookup.

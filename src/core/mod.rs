@@ -22,9 +22,20 @@ use array::{ArrayState, ChunkData};
 pub use attr::Attr;
 use classify::{Classifier, DirClass};
 pub use error::FsError;
-use handle::{Handle, HandleTable, ListEntry};
+use handle::{Handle, HandleTable, ListEntry, read_full_at};
 use inode::InodeTable;
 pub use inode::{FileType, Ino, NodeInfo, NodeKind, ROOT};
+
+/// An opened file: its handle, and how the kernel should cache it.
+#[derive(Clone, Copy, Debug)]
+pub struct Opened {
+    pub fh: u64,
+    /// Keep the page cache from earlier opens (changes are invalidated explicitly, or seen
+    /// through a changed mtime).
+    pub keep_cache: bool,
+    /// Bypass the page cache altogether.
+    pub direct_io: bool,
+}
 
 /// Space figures of the backing file system, for `statfs`.
 #[derive(Clone, Copy, Debug)]
@@ -42,6 +53,7 @@ pub struct StatFs {
 /// The name of the control file in the mount's root. It is not listed; a BACKING file of
 /// the same name is hidden by it.
 pub const CONTROL_FILE: &str = ".shardfs-control";
+const CONTROL_SIZE: usize = 4096;
 
 /// What the control file tells about the daemon.
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -71,14 +83,20 @@ impl ShardFs {
         }
     }
 
-    /// The control file's content.
+    /// The control file's content: JSON padded with spaces to `CONTROL_SIZE`, so that its
+    /// size never changes while the numbers in it do.
     fn control_json(&self) -> Bytes {
         let doc = serde_json::json!({
             "pid": self.daemon.pid,
             "status_file": self.daemon.status_file,
             "backing": self.backing.root(),
         });
-        Bytes::from(serde_json::to_vec_pretty(&doc).unwrap_or_default())
+        let mut text = serde_json::to_vec_pretty(&doc).unwrap_or_default();
+        text.resize(CONTROL_SIZE.max(text.len() + 1), b' ');
+        if let Some(last) = text.last_mut() {
+            *last = b'\n';
+        }
+        Bytes::from(text)
     }
 
     pub fn backing(&self) -> &Backing {
@@ -244,6 +262,7 @@ impl ShardFs {
                 let root = self.backing.stat(Path::new(""))?.ok_or(FsError::NotFound)?;
                 Ok(Attr {
                     perm: 0o644,
+                    volatile: true,
                     ..Attr::virtual_file(
                         ino,
                         &root,
@@ -369,11 +388,14 @@ impl ShardFs {
         self.inodes.peek(parent, name)
     }
 
+    /// Forgets an open file or directory.
     pub fn release(&self, fh: u64) {
         self.handles.remove(fh);
     }
 
-    pub fn open(&self, ino: Ino) -> Result<u64, FsError> {
+    /// Opens a file for reading. Stored chunks are pinned to the shard file as it is now: a
+    /// later rewrite replaces the shard by rename, so this handle keeps reading whole data.
+    pub fn open(&self, ino: Ino) -> Result<Opened, FsError> {
         let info = self.node(ino)?;
         let handle = match &info.kind {
             NodeKind::File => Handle::Backing(self.backing.open(&info.rel)?),
@@ -391,10 +413,16 @@ impl ShardFs {
                 return Err(FsError::IsDir);
             }
             NodeKind::Symlink | NodeKind::Other => {
-                return Err(FsError::Unsupported("open of a special file"));
+                return Err(FsError::Unsupported("opening a special file"));
             }
         };
-        Ok(self.handles.insert(handle))
+        // The control file's numbers change under a fixed size: never cache its pages.
+        let volatile = matches!(info.kind, NodeKind::Control);
+        Ok(Opened {
+            fh: self.handles.insert(handle),
+            keep_cache: !volatile,
+            direct_io: volatile,
+        })
     }
 
     pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Bytes, FsError> {
@@ -409,21 +437,7 @@ impl ShardFs {
                 let end = (start + size as usize).min(b.len());
                 Ok(b.slice(start..end))
             }
-            Handle::Backing(file) => {
-                use std::os::unix::fs::FileExt;
-                let mut buf = vec![0u8; size as usize];
-                let mut filled = 0;
-                while filled < buf.len() {
-                    match file.read_at(&mut buf[filled..], offset + filled as u64) {
-                        Ok(0) => break,
-                        Ok(n) => filled += n,
-                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                        Err(e) => return Err(e.into()),
-                    }
-                }
-                buf.truncate(filled);
-                Ok(Bytes::from(buf))
-            }
+            Handle::Backing(file) => Ok(Bytes::from(read_full_at(file, offset, size)?)),
             Handle::Dir(_) => Err(FsError::IsDir),
         }
     }

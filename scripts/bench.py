@@ -1,0 +1,200 @@
+"""Benchmarks of shardfs against the native writers, run by scripts/bench.sh.
+
+    bench.py read  --shardfs BIN --dir DIR [--runs N]
+    bench.py write --shardfs BIN --dir DIR [--runs N]
+
+`read`: a 512^3 uint8 array, sharded, read whole: zarr-python and tensorstore natively from
+BACKING, and through the mount (the unsharded view). `write`: scenario S3 of
+shared/notes/anchors.md (512^3 uint8, 64^3 chunks, 512 chunks per shard, one 64^3 region at
+a time in C order): native unsharded, native sharded, and unsharded through the mount
+including the unmount. Medians of N runs; ratios are against the same run's native figures.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+
+import numpy as np
+import tensorstore as ts
+import zarr
+
+warnings.filterwarnings("ignore")
+
+N = 512
+
+
+def data():
+    return np.random.default_rng(0).integers(0, 256, size=(N, N, N), dtype=np.uint8)
+
+
+def median_time(fn, runs, setup=None):
+    times = []
+    for _ in range(runs):
+        if setup:
+            setup()
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), times
+
+
+class Mount:
+    def __init__(self, shardfs, backing, mountpoint, extra=()):
+        self.shardfs, self.mountpoint = shardfs, mountpoint
+        os.makedirs(mountpoint, exist_ok=True)
+        subprocess.run([shardfs, "mount", backing, mountpoint, *extra], check=True)
+
+    def unmount(self):
+        subprocess.run([self.shardfs, "unmount", self.mountpoint], check=True)
+
+
+def zarr_read(path):
+    return zarr.open_array(path, mode="r")[...]
+
+
+def ts_read(path):
+    return ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": path}},
+                   open=True).result().read().result()
+
+
+def bench_read(args):
+    """Native and mounted reads alternate, and every mounted read is the first one after a
+    fresh mount (an empty page cache on the mount's side, a warm one on BACKING's, as for
+    the native read)."""
+    results = {}
+    arr = data()
+    for chunk, shard in ((64, 256), (128, 512)):
+        name = f"read_c{chunk}_s{shard}"
+        backing = os.path.join(args.dir, name)
+        shutil.rmtree(backing, ignore_errors=True)
+        a = zarr.create_array(os.path.join(backing, "a"), shape=arr.shape, chunks=(chunk,) * 3,
+                              shards=(shard,) * 3, dtype="uint8", compressors=None,
+                              fill_value=0)
+        a[...] = arr
+        mnt = os.path.join(args.dir, "mnt")
+        row = {}
+        for client, fn in (("zarr-python", zarr_read), ("tensorstore", ts_read)):
+            native, mounted = [], []
+            for i in range(args.runs):
+                t = time.perf_counter()
+                fn(os.path.join(backing, "a"))
+                native.append(time.perf_counter() - t)
+                m = Mount(args.shardfs, backing, mnt)
+                try:
+                    t = time.perf_counter()
+                    got = fn(os.path.join(mnt, "a"))
+                    mounted.append(time.perf_counter() - t)
+                    if i == 0:
+                        assert np.array_equal(got, arr), "mount read differs"
+                finally:
+                    m.unmount()
+            row[client] = {"native_sharded_s": statistics.median(native),
+                           "mount_s": statistics.median(mounted),
+                           "ratio": statistics.median(mounted) / statistics.median(native)}
+        results[name] = row
+    return results
+
+
+def regions():
+    c = 64
+    for i in range(0, N, c):
+        for j in range(0, N, c):
+            for k in range(0, N, c):
+                yield (slice(i, i + c), slice(j, j + c), slice(k, k + c))
+
+
+def zarr_write(path, arr, shards):
+    a = zarr.create_array(path, shape=arr.shape, chunks=(64,) * 3, shards=shards,
+                          dtype="uint8", compressors=None, fill_value=0, overwrite=True)
+    for r in regions():
+        a[r] = arr[r]
+
+
+def ts_write(path, arr, shards):
+    codecs = [{"name": "bytes", "configuration": {"endian": "little"}}]
+    if shards:
+        codecs = [{"name": "sharding_indexed", "configuration": {
+            "chunk_shape": [64] * 3, "codecs": codecs}}]
+    t = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": path},
+                 "metadata": {"shape": list(arr.shape), "data_type": "uint8",
+                              "chunk_grid": {"name": "regular", "configuration": {
+                                  "chunk_shape": list(shards or (64,) * 3)}},
+                              "codecs": codecs, "fill_value": 0}},
+                create=True, delete_existing=True).result()
+    for r in regions():
+        t[r].write(arr[r]).result()
+
+
+def bench_write(args):
+    arr = data()
+    results = {}
+    for client, fn in (("zarr-python", zarr_write), ("tensorstore", ts_write)):
+        row = {}
+        target = os.path.join(args.dir, "w")
+
+        def clean():
+            shutil.rmtree(target, ignore_errors=True)
+            os.makedirs(target)
+
+        row["native_unsharded_s"], _ = median_time(
+            lambda: fn(os.path.join(target, "a"), arr, None), args.runs, clean)
+        if not args.skip_native_sharded:
+            row["native_sharded_s"], _ = median_time(
+                lambda: fn(os.path.join(target, "a"), arr, (N,) * 3), max(1, args.runs // 3), clean)
+        mnt = os.path.join(args.dir, "mnt")
+        counts = []
+
+        def through_mount():
+            m = Mount(args.shardfs, target, mnt, ["--chunks-per-shard", "8"])
+            try:
+                fn(os.path.join(mnt, "a"), arr, None)
+                stats = subprocess.run([args.shardfs, "stats", mnt], check=True,
+                                       capture_output=True, text=True).stdout
+                counts.append(json.loads(stats))
+            finally:
+                m.unmount()
+
+        row["mount_s"], _ = median_time(through_mount, args.runs, clean)
+        row["ratio_vs_native_unsharded"] = row["mount_s"] / row["native_unsharded_s"]
+        if "native_sharded_s" in row:
+            row["speedup_vs_native_sharded"] = row["native_sharded_s"] / row["mount_s"]
+        row["shard_writes"] = [c.get("shards_written") for c in counts]
+        row["merges"] = [c.get("partial_merges") for c in counts]
+        got = zarr.open_array(os.path.join(target, "a"), mode="r")[...]
+        assert np.array_equal(got, arr), "what the mount wrote differs"
+        results[client] = row
+    return results
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("what", choices=["read", "write"])
+    p.add_argument("--shardfs", required=True)
+    p.add_argument("--dir", default=None)
+    p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--skip-native-sharded", action="store_true")
+    args = p.parse_args()
+    own_dir = args.dir is None
+    if own_dir:
+        args.dir = tempfile.mkdtemp(prefix="shardfs-bench-", dir="/var/tmp")
+    try:
+        results = bench_read(args) if args.what == "read" else bench_write(args)
+    finally:
+        if own_dir:
+            shutil.rmtree(args.dir, ignore_errors=True)
+    from importlib.metadata import version
+    out = {"what": args.what, "runs": args.runs, "zarr": version("zarr"),
+           "tensorstore": version("tensorstore"), "numpy": version("numpy"),
+           "results": results}
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Benchmarks (not tests): shardfs against the native writers, in one run.
+#   scripts/bench.sh read  [--runs N]    reading a 512^3 array through the mount vs natively
+#   scripts/bench.sh write [--runs N]    scenario S3 (chunk-by-chunk writes) through the mount
+# Prints JSON with medians and ratios. Uses the venv of scripts/test.sh (created if needed).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv="${SHARDFS_VENV:-$PWD/.venv}"
+if ! cmp -s scripts/requirements.txt "$venv/.shardfs-requirements" 2>/dev/null; then
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check -r scripts/requirements.txt
+    cp scripts/requirements.txt "$venv/.shardfs-requirements"
+fi
+cargo build --release --quiet
+exec "$venv/bin/python" scripts/bench.py "$@" --shardfs "$PWD/target/release/shardfs"

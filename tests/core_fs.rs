@@ -1,0 +1,193 @@
+//! The filesystem core driven directly, as the FUSE adapter would, without a mount:
+//! lookups, listings, reads and errnos on natively written shards.
+
+mod common;
+
+use std::ffi::OsStr;
+use std::fs;
+use std::path::Path;
+
+use common::run_fixtures;
+use serde_json::Value;
+use shardfs::backing::Backing;
+use shardfs::core::{DaemonInfo, FileType, FsError, Ino, ROOT, ShardFs};
+use shardfs::errno::ToErrno;
+
+fn core_over(root: &Path) -> ShardFs {
+    ShardFs::new(Backing::new(root.to_path_buf()), DaemonInfo::default())
+}
+
+/// Looks up a `/`-separated path from the root, as the kernel does, one name at a time.
+fn walk(fs: &ShardFs, path: &str) -> Result<Ino, FsError> {
+    let mut ino = ROOT;
+    for part in path.split('/').filter(|p| !p.is_empty()) {
+        ino = fs.lookup(ino, OsStr::new(part))?.ino;
+    }
+    Ok(ino)
+}
+
+fn read_all(fs: &ShardFs, ino: Ino) -> Vec<u8> {
+    let opened = fs.open(ino).unwrap();
+    let mut out = Vec::new();
+    loop {
+        let part = fs.read(opened.fh, out.len() as u64, 1000).unwrap();
+        if part.is_empty() {
+            break;
+        }
+        out.extend_from_slice(&part);
+    }
+    fs.release(opened.fh);
+    out
+}
+
+fn listing(fs: &ShardFs, ino: Ino) -> Vec<(String, FileType)> {
+    let fh = fs.opendir(ino).unwrap();
+    let entries = fs.readdir(fh, 0).unwrap();
+    fs.release(fh);
+    entries
+        .iter()
+        .map(|e| (e.name.to_string_lossy().into_owned(), e.kind))
+        .filter(|(n, _)| n != "." && n != "..")
+        .collect()
+}
+
+fn native() -> (tempfile::TempDir, Vec<Value>) {
+    let dir = tempfile::tempdir().unwrap();
+    run_fixtures(&["native", dir.path().to_str().unwrap()]);
+    let manifest: Value =
+        serde_json::from_slice(&fs::read(dir.path().join("manifest.json")).unwrap()).unwrap();
+    (dir, manifest.as_array().unwrap().clone())
+}
+
+#[test]
+fn chunk_files_hold_exactly_the_bytes_the_index_points_at() {
+    let (dir, manifest) = native();
+    let fs = core_over(dir.path());
+    for array in &manifest {
+        let name = array["name"].as_str().unwrap();
+        for (key, info) in array["chunk_files"].as_object().unwrap() {
+            let ino = walk(&fs, &format!("{name}/{key}")).unwrap();
+            let attr = fs.getattr(ino).unwrap();
+            assert_eq!(attr.kind, FileType::File);
+            assert_eq!(attr.size, info["nbytes"].as_u64().unwrap(), "{name}/{key}");
+            // The independent reading's offset into the shard file.
+            let shard = dir.path().join(name).join(info["shard"].as_str().unwrap());
+            let shard_bytes = fs::read(&shard).unwrap();
+            let shard_info = &array["shards"][info["shard"].as_str().unwrap()];
+            let coords: Vec<Value> = shard_info["chunks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|c| c["nbytes"] == info["nbytes"])
+                .cloned()
+                .collect();
+            assert!(!coords.is_empty());
+            let data = read_all(&fs, ino);
+            assert!(
+                coords.iter().any(|c| {
+                    let off = c["offset"].as_u64().unwrap() as usize;
+                    let n = c["nbytes"].as_u64().unwrap() as usize;
+                    shard_bytes[off..off + n] == data[..]
+                }),
+                "{name}/{key}: bytes not found at any matching index entry"
+            );
+        }
+    }
+}
+
+#[test]
+fn names_outside_the_key_tree_and_grid_are_enoent() {
+    let (dir, _) = native();
+    let fs = core_over(dir.path());
+    for bad in [
+        "zp_1d_end_zstd_default/c/0",  // the all-zero chunk, never stored
+        "zp_1d_end_zstd_default/c/99", // outside the grid
+        "zp_1d_end_zstd_default/c/01", // not canonical
+        "zp_1d_end_zstd_default/d",
+        "zp_2d_start_raw_v2dot/9.9",
+        "nothing",
+    ] {
+        let err = walk(&fs, bad).unwrap_err();
+        assert_eq!(err.to_errno(), libc::ENOENT, "{bad}: {err}");
+    }
+    // A chunk file is not a directory.
+    let err = walk(&fs, "zp_1d_end_zstd_default/c/1/x").unwrap_err();
+    assert_eq!(err.to_errno(), libc::ENOTDIR);
+}
+
+#[test]
+fn listings_follow_the_key_tree() {
+    let (dir, manifest) = native();
+    let fs = core_over(dir.path());
+    // default "/": the array directory holds zarr.json and c; c holds chunk files.
+    let arr = walk(&fs, "zp_1d_end_zstd_default").unwrap();
+    assert_eq!(
+        listing(&fs, arr),
+        vec![
+            ("zarr.json".to_string(), FileType::File),
+            ("c".to_string(), FileType::Dir)
+        ]
+    );
+    let c = walk(&fs, "zp_1d_end_zstd_default/c").unwrap();
+    let names: Vec<String> = listing(&fs, c).into_iter().map(|(n, _)| n).collect();
+    let mut expected: Vec<u64> = manifest[0]["chunk_files"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(|k| k.trim_start_matches("c/").parse().unwrap())
+        .collect();
+    expected.sort();
+    assert_eq!(
+        names,
+        expected.iter().map(u64::to_string).collect::<Vec<_>>()
+    );
+    // v2 ".": every chunk is a file in the array directory.
+    let arr = walk(&fs, "zp_2d_start_raw_v2dot").unwrap();
+    let files = listing(&fs, arr);
+    assert_eq!(
+        files.len(),
+        manifest[1]["chunk_files"].as_object().unwrap().len() + 1
+    );
+    assert!(files.iter().all(|(_, t)| *t == FileType::File));
+}
+
+#[test]
+fn inodes_are_reused_while_held_and_metadata_is_translated() {
+    let (dir, _) = native();
+    let fs = core_over(dir.path());
+    let a = walk(&fs, "zp_1d_end_zstd_default/c/1").unwrap();
+    let b = walk(&fs, "zp_1d_end_zstd_default/c/1").unwrap();
+    assert_eq!(a, b);
+    let doc = walk(&fs, "zp_1d_end_zstd_default/zarr.json").unwrap();
+    let text = read_all(&fs, doc);
+    assert_eq!(fs.getattr(doc).unwrap().size, text.len() as u64);
+    let v: Value = serde_json::from_slice(&text).unwrap();
+    assert_eq!(
+        v["chunk_grid"]["configuration"]["chunk_shape"],
+        serde_json::json!([4])
+    );
+    // Reading a directory is EISDIR; an unknown handle is EBADF.
+    let c = walk(&fs, "zp_1d_end_zstd_default/c").unwrap();
+    assert_eq!(fs.open(c).unwrap_err().to_errno(), libc::EISDIR);
+    assert_eq!(fs.read(9999, 0, 10).unwrap_err().to_errno(), libc::EBADF);
+}
+
+#[test]
+fn a_damaged_shard_is_eio_for_its_chunks_only() {
+    let (dir, manifest) = native();
+    let shard = dir.path().join("zp_1d_end_zstd_default/c/1");
+    let mut bytes = fs::read(&shard).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x80;
+    fs::write(&shard, bytes).unwrap();
+    let fs = core_over(dir.path());
+    for (key, info) in manifest[0]["chunk_files"].as_object().unwrap() {
+        let ino = walk(&fs, &format!("zp_1d_end_zstd_default/{key}")).unwrap();
+        let opened = fs.open(ino);
+        if info["shard"] == "c/1" {
+            assert_eq!(opened.unwrap_err().to_errno(), libc::EIO, "{key}");
+        } else {
+            assert!(opened.is_ok(), "{key}");
+        }
+    }
+}
