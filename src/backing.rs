@@ -4,9 +4,12 @@
 use std::ffi::OsStr;
 use std::fs::{self, File, Metadata};
 use std::io;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
+
+use bytes::Bytes;
 
 /// What identifies one version of a file: a rewrite (new inode by rename, or new size or
 /// mtime in place) changes it.
@@ -40,7 +43,7 @@ pub struct Backing {
 #[derive(Debug, Clone)]
 pub struct DirEntry {
     pub name: std::ffi::OsString,
-    pub is_dir: bool,
+    pub file_type: fs::FileType,
 }
 
 impl Backing {
@@ -88,7 +91,7 @@ impl Backing {
         for entry in iter {
             let entry = entry?;
             out.push(DirEntry {
-                is_dir: entry.file_type()?.is_dir(),
+                file_type: entry.file_type()?,
                 name: entry.file_name(),
             });
         }
@@ -98,7 +101,73 @@ impl Backing {
     pub fn read_link(&self, rel: &Path) -> io::Result<PathBuf> {
         fs::read_link(self.path(rel))
     }
+
+    /// Replaces the file at `rel` with `buffers`, atomically: one vectored write (looped
+    /// only on short writes) to a temporary file in the same directory, `fdatasync` so that
+    /// a crash can never leave a torn file under the final name, then `rename`. With
+    /// `durable`, the directory is synced too, making the rename itself durable. Returns
+    /// the new file's metadata.
+    pub fn write_atomic(
+        &self,
+        rel: &Path,
+        buffers: &[Bytes],
+        durable: bool,
+    ) -> io::Result<Metadata> {
+        let path = self.path(rel);
+        let dir = path.parent().unwrap_or(&self.root).to_path_buf();
+        fs::create_dir_all(&dir)?;
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let tmp = dir.join(format!(".{name}.shardfs-{}-{n}", std::process::id()));
+        let result = (|| {
+            let mut file = fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o644)
+                .open(&tmp)?;
+            crate::shard::write_all_vectored(&mut file, buffers)?;
+            file.sync_data()?;
+            fs::rename(&tmp, &path)?;
+            if durable {
+                File::open(&dir)?.sync_all()?;
+            }
+            file.metadata()
+        })();
+        if result.is_err() {
+            let _ = fs::remove_file(&tmp);
+        }
+        result
+    }
+
+    /// Removes a file; `Ok(false)` when it was not there.
+    pub fn remove_file(&self, rel: &Path) -> io::Result<bool> {
+        match fs::remove_file(self.path(rel)) {
+            Ok(()) => Ok(true),
+            Err(e) if is_absent(&e) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Removes the empty directories from `rel` upwards, stopping before `stop` (which is
+    /// kept) or at the first directory that is not empty.
+    pub fn prune_empty_dirs(&self, rel: &Path, stop: &Path) {
+        let mut dir = rel.to_path_buf();
+        while dir.starts_with(stop) && dir != stop && !dir.as_os_str().is_empty() {
+            if fs::remove_dir(self.path(&dir)).is_err() {
+                return;
+            }
+            if !dir.pop() {
+                return;
+            }
+        }
+    }
+
+    pub fn sync_dir(&self, rel: &Path) -> io::Result<()> {
+        File::open(self.path(rel))?.sync_all()
+    }
 }
+
+static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 /// ENOENT, or ENOTDIR from a path component that is a file: both mean "nothing there".
 pub fn is_absent(e: &io::Error) -> bool {

@@ -21,7 +21,7 @@ use thiserror::Error;
 use tracing::{error, info};
 
 use crate::backing::Backing;
-use crate::core::{CONTROL_FILE, DaemonInfo, ShardFs};
+use crate::core::{CONTROL_FILE, DaemonInfo, ShardFs, WriteConfig};
 use crate::fuse::FuseAdapter;
 
 #[derive(Clone, Debug)]
@@ -32,6 +32,7 @@ pub struct MountConfig {
     pub allow_other: bool,
     /// Readahead of the mount, in KiB (0 leaves the kernel's default).
     pub read_ahead_kb: u32,
+    pub write: WriteConfig,
 }
 
 #[derive(Debug, Error)]
@@ -232,12 +233,14 @@ pub fn run_foreground(config: &MountConfig, ready: Option<OwnedFd>) -> Result<()
     }
     let _ = fs::remove_file(&status_file);
     let signals = block_signals();
-    let core = Arc::new(ShardFs::new(
+    raise_fd_limit();
+    let core = Arc::new(ShardFs::with_config(
         Backing::new(backing.clone()),
         DaemonInfo {
             pid: std::process::id(),
             status_file: status_file.clone(),
         },
+        config.write.clone(),
     ));
     let mut fuse_config = Config::default();
     fuse_config.mount_options = vec![
@@ -280,6 +283,21 @@ pub fn run_foreground(config: &MountConfig, ready: Option<OwnedFd>) -> Result<()
             }
         })
         .map_err(io_err(Path::new("signal thread")))?;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flusher = {
+        let (core, stop) = (core.clone(), stop.clone());
+        let tick =
+            (config.write.idle_flush / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
+        std::thread::Builder::new()
+            .name("flusher".into())
+            .spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::thread::sleep(tick);
+                    core.tick();
+                }
+            })
+            .map_err(io_err(Path::new("flusher thread")))?
+    };
     info!(
         backing = %backing.display(),
         mountpoint = %config.mountpoint.display(),
@@ -288,13 +306,53 @@ pub fn run_foreground(config: &MountConfig, ready: Option<OwnedFd>) -> Result<()
     report("ok\n");
     drop(ready);
     let result = session.run();
-    let status = match &result {
-        Ok(()) => "ok\n".to_string(),
-        Err(e) => format!("session ended with an error: {e}\n"),
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = flusher.join();
+    // Whatever is still pending is written now; failures are retried for a while (the
+    // disk may be freed), then named in the status file.
+    let mut failed = core.flush_all();
+    let deadline = Instant::now() + EXIT_RETRY;
+    while !failed.is_empty() && Instant::now() < deadline {
+        error!(
+            "{} items not written yet, retrying: {}",
+            failed.len(),
+            failed.join("; ")
+        );
+        std::thread::sleep(Duration::from_secs(2));
+        failed = core.flush_all();
+    }
+    let status = match (&result, failed.is_empty()) {
+        (Ok(()), true) => "ok\n".to_string(),
+        (_, false) => {
+            for f in &failed {
+                error!("lost: {f}");
+            }
+            format!("not written: {}\n", failed.join("; "))
+        }
+        (Err(e), true) => format!("session ended with an error: {e}\n"),
     };
     info!("unmounted: {}", status.trim());
     let _ = fs::write(&status_file, &status);
-    result.map_err(io_err(&config.mountpoint))
+    match (result, failed.is_empty()) {
+        (Ok(()), true) => Ok(()),
+        (Err(e), _) => Err(io_err(&config.mountpoint)(e)),
+        (Ok(()), false) => Err(DaemonError::Unclean(status.trim().to_string())),
+    }
+}
+
+/// How long a daemon whose mount is gone keeps retrying writes that failed.
+const EXIT_RETRY: Duration = Duration::from_secs(30);
+
+/// Raises the soft limit on open files to the hard limit: shard files are opened per read.
+fn raise_fd_limit() {
+    // SAFETY: getrlimit/setrlimit with a properly initialised struct.
+    unsafe {
+        let mut lim: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
 }
 
 /// Sets the mount's readahead. The kernel offers FUSE at most its default (128 KiB) at
@@ -329,6 +387,19 @@ fn mount_device(path: &Path) -> Option<String> {
 struct ControlInfo {
     pid: u32,
     status_file: PathBuf,
+    stats: crate::core::stats::StatsReport,
+}
+
+fn read_control(control: &Path) -> Result<ControlInfo, DaemonError> {
+    let bytes = fs::read(control).map_err(io_err(control))?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| io_err(control)(io::Error::new(io::ErrorKind::InvalidData, e)))
+}
+
+/// `shardfs stats`: the daemon's counters, as JSON.
+pub fn stats(mountpoint: &Path) -> Result<String, DaemonError> {
+    let info = read_control(&mountpoint.join(CONTROL_FILE))?;
+    Ok(serde_json::to_string_pretty(&info.stats).unwrap_or_default())
 }
 
 /// `shardfs unmount`: unmount, then wait for the daemon to finish writing and exit.
@@ -348,8 +419,22 @@ pub fn unmount(mountpoint: &Path, lazy: bool) -> Result<(), DaemonError> {
         return Err(DaemonError::NotShardfs(shown));
     }
     let control = mountpoint.join(CONTROL_FILE);
-    let info: ControlInfo = serde_json::from_slice(&fs::read(&control).map_err(io_err(&control))?)
-        .map_err(|e| io_err(&control)(io::Error::new(io::ErrorKind::InvalidData, e)))?;
+    let info = read_control(&control)?;
+    // Everything pending is written while the mount is still there: when that fails, the
+    // mount stays (nothing is lost) and the failures are named.
+    if let Err(e) = fs::OpenOptions::new()
+        .write(true)
+        .open(&control)
+        .and_then(|mut f| f.write_all(b"flush"))
+    {
+        let failed = read_control(&control)
+            .map(|i| i.stats.failed)
+            .unwrap_or_default();
+        return Err(DaemonError::Unclean(format!(
+            "pending data could not be written ({e}); {shown} stays mounted. Not written: {}",
+            failed.join("; ")
+        )));
+    }
     let c = CString::new(mountpoint.as_os_str().as_bytes())
         .map_err(|_| DaemonError::NotShardfs(shown.clone()))?;
     let flags = if lazy { libc::MNT_DETACH } else { 0 };

@@ -3,18 +3,21 @@
 
 use std::ffi::OsStr;
 use std::io;
+use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use fuser::{
-    Errno, FileAttr, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    IoctlFlags, KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
-    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyXattr,
-    Request,
+    BsdFileFlags, Errno, FileAttr, FileHandle, Filesystem, FopenFlags, Generation, INodeNo,
+    InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use tracing::debug;
 
-use crate::core::{Attr, FileType, FsError, ShardFs};
+use crate::core::namespace::RenameFlags as CoreRenameFlags;
+use crate::core::write::SetAttr;
+use crate::core::{Attr, FileType, FsError, Opened, ShardFs};
 use crate::errno::ToErrno;
 
 /// How long the kernel may trust names and attributes without asking again. BACKING may be
@@ -44,8 +47,29 @@ fn file_type(t: FileType) -> fuser::FileType {
         FileType::Dir => fuser::FileType::Directory,
         FileType::File => fuser::FileType::RegularFile,
         FileType::Symlink => fuser::FileType::Symlink,
-        FileType::Other => fuser::FileType::NamedPipe,
+        FileType::Fifo | FileType::Other => fuser::FileType::NamedPipe,
+        FileType::Socket => fuser::FileType::Socket,
+        FileType::CharDevice => fuser::FileType::CharDevice,
+        FileType::BlockDevice => fuser::FileType::BlockDevice,
     }
+}
+
+fn time(t: TimeOrNow) -> SystemTime {
+    match t {
+        TimeOrNow::SpecificTime(t) => t,
+        TimeOrNow::Now => SystemTime::now(),
+    }
+}
+
+fn opened_flags(o: &Opened) -> FopenFlags {
+    let mut flags = FopenFlags::empty();
+    if o.keep_cache {
+        flags |= FopenFlags::FOPEN_KEEP_CACHE;
+    }
+    if o.direct_io {
+        flags |= FopenFlags::FOPEN_DIRECT_IO;
+    }
+    flags
 }
 
 fn ttl(a: &Attr) -> Duration {
@@ -80,6 +104,8 @@ impl Filesystem for FuseAdapter {
             InitFlags::FUSE_READDIRPLUS_AUTO,
             InitFlags::FUSE_PARALLEL_DIROPS,
             InitFlags::FUSE_MAX_PAGES,
+            // O_TRUNC arrives with OPEN instead of as a separate SETATTR round trip.
+            InitFlags::FUSE_ATOMIC_O_TRUNC,
             // Page caches are kept across opens; a changed mtime seen on a later getattr
             // drops them, so rewrites from outside the mount show within the TTL.
             InitFlags::FUSE_AUTO_INVAL_DATA,
@@ -131,7 +157,7 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let entries = match self.core.readdir(fh.0, offset) {
+        let entries = match self.core.readdir(fh.0) {
             Ok(entries) => entries,
             Err(e) => return reply.error(errno(&e)),
         };
@@ -162,7 +188,7 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let entries = match self.core.readdir(fh.0, offset) {
+        let entries = match self.core.readdir(fh.0) {
             Ok(entries) => entries,
             Err(e) => return reply.error(errno(&e)),
         };
@@ -214,26 +240,224 @@ impl Filesystem for FuseAdapter {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        self.core.release(fh.0);
+        self.core.releasedir(fh.0);
         reply.ok();
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.core.open(ino.0) {
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        match self.core.open(ino.0, flags.0) {
             Ok(o) => {
-                // Nothing is written through these handles: closing them needs no FLUSH
-                // round trip, which would cost as much as the read itself.
-                let mut flags = FopenFlags::FOPEN_NOFLUSH;
-                if o.keep_cache {
-                    flags |= FopenFlags::FOPEN_KEEP_CACHE;
+                let mut fl = opened_flags(&o);
+                // Closing a handle that cannot write needs no FLUSH round trip, which would
+                // cost as much as a chunk read itself.
+                if flags.0 & libc::O_ACCMODE == libc::O_RDONLY {
+                    fl |= FopenFlags::FOPEN_NOFLUSH;
                 }
-                if o.direct_io {
-                    flags |= FopenFlags::FOPEN_DIRECT_IO;
-                }
-                reply.opened(FileHandle(o.fh), flags)
+                reply.opened(FileHandle(o.fh), fl)
             }
             Err(e) => reply.error(errno(&e)),
         }
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        match self.core.create(parent.0, name, mode & !umask, flags) {
+            Ok((attr, o)) => reply.created(
+                &ttl(&attr),
+                &file_attr(&attr),
+                Generation(0),
+                FileHandle(o.fh),
+                opened_flags(&o),
+            ),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let result = if self.core.is_control(fh.0) {
+            self.core
+                .control_command(&String::from_utf8_lossy(data))
+                .map(|()| data.len() as u32)
+        } else {
+            self.core.write(fh.0, offset, data)
+        };
+        match result {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let set = SetAttr {
+            size,
+            mode,
+            uid,
+            gid,
+            atime: atime.map(time),
+            mtime: mtime.map(time),
+            fh: fh.map(|f| f.0),
+        };
+        match self.core.setattr(ino.0, &set) {
+            Ok(attr) => reply.attr(&ttl(&attr), &file_attr(&attr)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn mkdir(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        match self.core.mkdir(parent.0, name, mode & !umask) {
+            Ok(attr) => reply.entry(&ttl(&attr), &file_attr(&attr), Generation(0)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.core.unlink(parent.0, name) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.core.rmdir(parent.0, name) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let flags = CoreRenameFlags {
+            noreplace: flags.contains(RenameFlags::RENAME_NOREPLACE),
+            exchange: flags.contains(RenameFlags::RENAME_EXCHANGE),
+        };
+        match self
+            .core
+            .rename(parent.0, name, newparent.0, newname, flags)
+        {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        match self.core.link(ino.0, newparent.0, newname) {
+            Ok(attr) => reply.entry(&ttl(&attr), &file_attr(&attr), Generation(0)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn symlink(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        match self.core.symlink(parent.0, link_name, target) {
+            Ok(attr) => reply.entry(&ttl(&attr), &file_attr(&attr), Generation(0)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        match self.core.fsync(ino.0, Some(fh.0)) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        match self.core.fsyncdir(ino.0) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: u64,
+        _length: u64,
+        _mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::from_i32(libc::EOPNOTSUPP));
     }
 
     fn read(
@@ -257,11 +481,14 @@ impl Filesystem for FuseAdapter {
         &self,
         _req: &Request,
         _ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        reply.ok();
+        match self.core.flush(fh.0) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
     }
 
     fn release(
@@ -274,8 +501,10 @@ impl Filesystem for FuseAdapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.core.release(fh.0);
-        reply.ok();
+        match self.core.release(fh.0) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
     }
 
     // Unsupported operations, each with the errno callers expect, and no log noise.
@@ -290,8 +519,13 @@ impl Filesystem for FuseAdapter {
         reply.error(Errno::from_i32(libc::ENODATA));
     }
 
-    fn listxattr(&self, _req: &Request, _ino: INodeNo, _size: u32, reply: ReplyXattr) {
-        reply.size(0);
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: ReplyXattr) {
+        // No attributes: the size of the empty list, or the empty list itself.
+        if size == 0 {
+            reply.size(0);
+        } else {
+            reply.data(&[]);
+        }
     }
 
     fn ioctl(

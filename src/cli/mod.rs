@@ -46,6 +46,8 @@ enum Command {
     /// --log-file. With --foreground it stays attached and logs to stderr. SIGINT or SIGTERM
     /// to the daemon unmount cleanly.
     Mount(MountArgs),
+    /// Show what a mount has written and what is pending, as JSON.
+    Stats { mountpoint: PathBuf },
     /// Unmount a shardfs mount and wait for its daemon to exit.
     ///
     /// Exit status: 0 when everything was written and the daemon exited cleanly, 1 when not
@@ -80,6 +82,20 @@ struct MountArgs {
     /// (0 keeps the kernel's 128 KiB).
     #[arg(long, default_value_t = 1024)]
     read_ahead_kb: u32,
+    /// Chunks per shard for arrays created through the mount: one number for every axis,
+    /// or one per axis (`4,4,2`). Default: the auto policy.
+    #[arg(long)]
+    chunks_per_shard: Option<crate::zarr::ChunksPerShard>,
+    /// The auto policy's target of uncompressed bytes per shard (suffixes K, M, G).
+    #[arg(long, default_value = "128M", value_parser = parse_size)]
+    shard_target_bytes: u64,
+    /// Seconds without change after which a shard with pending chunks is written as it is.
+    #[arg(long, default_value_t = 5.0)]
+    idle_flush: f64,
+    /// Bytes of pending data held in memory before partial shards are written (suffixes
+    /// K, M, G).
+    #[arg(long, default_value = "2G", value_parser = parse_size)]
+    max_pending_memory: u64,
     /// Internal: the descriptor on which the daemon reports that the mount is live.
     #[arg(long, hide = true)]
     ready_fd: Option<i32>,
@@ -113,6 +129,24 @@ pub enum Verdict {
     Problems,
 }
 
+/// A size in bytes, with an optional K, M, G or T suffix (powers of 1024).
+fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (digits, shift) = match s.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&s[..s.len() - 1], 10),
+        Some('M') => (&s[..s.len() - 1], 20),
+        Some('G') => (&s[..s.len() - 1], 30),
+        Some('T') => (&s[..s.len() - 1], 40),
+        _ => (s, 0),
+    };
+    let n: u64 = digits
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (a number, optionally with K, M, G or T)"))?;
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("{s:?} is too large"))
+}
+
 fn report_daemon(result: Result<(), crate::daemon::DaemonError>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -134,6 +168,16 @@ fn mount(args: MountArgs) -> ExitCode {
         threads: args.threads,
         allow_other: args.allow_other,
         read_ahead_kb: args.read_ahead_kb,
+        write: crate::core::WriteConfig {
+            policy: match &args.chunks_per_shard {
+                Some(cps) => crate::zarr::ShardPolicy::Explicit(cps.clone()),
+                None => crate::zarr::ShardPolicy::Auto {
+                    target_bytes: args.shard_target_bytes,
+                },
+            },
+            idle_flush: std::time::Duration::from_secs_f64(args.idle_flush.max(0.0)),
+            max_pending: args.max_pending_memory,
+        },
     };
     if !config.backing.is_dir() {
         eprintln!("shardfs: {} is not a directory", config.backing.display());
@@ -149,18 +193,8 @@ fn mount(args: MountArgs) -> ExitCode {
         .log_file
         .clone()
         .unwrap_or_else(|| default_log_file(&config.mountpoint));
-    let mut child_args: Vec<std::ffi::OsString> = vec![
-        "mount".into(),
-        config.backing.clone().into(),
-        config.mountpoint.clone().into(),
-        "--threads".into(),
-        args.threads.to_string().into(),
-        "--read-ahead-kb".into(),
-        args.read_ahead_kb.to_string().into(),
-    ];
-    if args.allow_other {
-        child_args.push("--allow-other".into());
-    }
+    // The daemon gets the same arguments, plus --foreground.
+    let child_args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
     report_daemon(spawn_daemon(&config, &child_args, &log_file))
 }
 
@@ -181,6 +215,18 @@ pub fn main() -> ExitCode {
         Command::Inspect { path, json } => inspect::run(&path, json),
         Command::Verify { path } => verify::run(&path),
         Command::Mount(args) => return mount(args),
+        Command::Stats { mountpoint } => {
+            return match crate::daemon::stats(&mountpoint) {
+                Ok(text) => {
+                    println!("{text}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("shardfs: {e}");
+                    ExitCode::from(2)
+                }
+            };
+        }
         Command::Unmount { mountpoint, lazy } => {
             return report_daemon(crate::daemon::unmount(&mountpoint, lazy));
         }

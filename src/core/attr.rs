@@ -25,28 +25,23 @@ pub struct Attr {
 }
 
 fn time(secs: i64, nsecs: i64) -> SystemTime {
-    if secs >= 0 {
-        UNIX_EPOCH + Duration::new(secs as u64, nsecs as u32)
+    let t = if secs >= 0 {
+        UNIX_EPOCH.checked_add(Duration::new(
+            secs as u64,
+            nsecs.clamp(0, 999_999_999) as u32,
+        ))
     } else {
-        UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs())
-    }
+        UNIX_EPOCH.checked_sub(Duration::from_secs(secs.unsigned_abs()))
+    };
+    t.unwrap_or(UNIX_EPOCH)
 }
 
 impl Attr {
     /// The attributes of a backing file, shown as they are.
     pub fn from_backing(ino: Ino, m: &Metadata) -> Attr {
-        let ft = m.file_type();
         Attr {
             ino,
-            kind: if ft.is_dir() {
-                FileType::Dir
-            } else if ft.is_file() {
-                FileType::File
-            } else if ft.is_symlink() {
-                FileType::Symlink
-            } else {
-                FileType::Other
-            },
+            kind: FileType::from_std(m.file_type()),
             size: m.len(),
             blocks: m.blocks(),
             atime: time(m.atime(), m.atime_nsec()),

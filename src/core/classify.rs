@@ -68,14 +68,14 @@ fn classify_document(
             DirClass::Plain
         }
         Ok(Node::Array(meta)) => match (ShardLayout::of(&meta), unsharded_view(&meta)) {
-            (Ok(Some(layout)), Ok(view)) => DirClass::ShardedArray(Arc::new(ArrayState::new(
-                dir.to_path_buf(),
+            (Ok(Some(layout)), Ok(view)) => DirClass::ShardedArray(Arc::new(ArrayState {
+                rel: dir.to_path_buf(),
                 meta,
                 layout,
-                Bytes::from(Node::Array(view).to_json_bytes()),
-                version,
-                mtime,
-            ))),
+                view_json: Bytes::from(Node::Array(view).to_json_bytes()),
+                meta_version: version,
+                meta_mtime: mtime,
+            })),
             (Ok(None), _) => DirClass::Plain,
             (Err(e), _) | (_, Err(e)) => {
                 info!(array = %shown.display(), "array shown as it is, not unsharded: {e}");

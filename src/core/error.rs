@@ -23,8 +23,20 @@ pub enum FsError {
     Invalid(String),
     #[error("operation not supported here: {0}")]
     Unsupported(&'static str),
-    #[error("unknown inode or file handle")]
+    #[error("unknown inode")]
     Stale,
+    #[error("unknown file handle")]
+    BadHandle,
+    #[error("not permitted here: {0}")]
+    NotPermitted(&'static str),
+    #[error("cross-device rename: {0}")]
+    CrossDevice(&'static str),
+    #[error("the file changed while it was being read; try again")]
+    Changed,
+    #[error("no space for more pending data")]
+    NoMemory,
+    #[error("shard write failed earlier: {0}")]
+    Failed(String, i32),
     #[error("damaged shard {path}: {reason}")]
     DamagedShard { path: PathBuf, reason: IndexError },
     #[error("{0}")]

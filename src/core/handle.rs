@@ -6,11 +6,13 @@ use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use bytes::Bytes;
+
 use super::array::lock;
 use super::error::FsError;
-use super::inode::FileType;
-use crate::shard::ChunkRange;
-use bytes::Bytes;
+use super::inode::{FileType, Ino};
+use super::memfile::MemFile;
+use super::shards::StoredChunk;
 
 /// One entry of a directory listing.
 #[derive(Clone, Debug)]
@@ -28,16 +30,106 @@ impl ListEntry {
     }
 }
 
+/// An open file. What it reads and writes is found through its inode at each request
+/// (data belongs to the inode: the name may have moved since open); the handle keeps what
+/// must stay fixed for its own life.
+#[derive(Debug)]
+pub struct FileHandle {
+    pub ino: Ino,
+    pub writable: bool,
+    /// A BACKING file opened for this handle.
+    pub backing: Option<File>,
+    /// A stored chunk as it was at open, and its shard file, kept open for the reads.
+    pub stored: Mutex<Option<(StoredChunk, Arc<File>)>>,
+    /// A document served from memory, fixed at open.
+    pub bytes: Option<Bytes>,
+    /// The in-memory file this handle wrote to since its last FLUSH: it counts as one of
+    /// that file's unflushed writers until then.
+    pub dirty: Mutex<Option<Arc<MemFile>>>,
+}
+
+impl FileHandle {
+    pub fn new(ino: Ino, writable: bool) -> FileHandle {
+        FileHandle {
+            ino,
+            writable,
+            backing: None,
+            stored: Mutex::new(None),
+            bytes: None,
+            dirty: Mutex::new(None),
+        }
+    }
+
+    /// Records a write into `file`: the first one since the last FLUSH makes this handle
+    /// one of its unflushed writers.
+    pub fn mark_dirty(&self, file: &Arc<MemFile>) {
+        let mut dirty = lock(&self.dirty);
+        match dirty.as_ref() {
+            Some(f) if Arc::ptr_eq(f, file) => {}
+            other => {
+                if let Some(previous) = other {
+                    previous.with(|s| s.unflushed = s.unflushed.saturating_sub(1));
+                }
+                file.with(|s| s.unflushed += 1);
+                *dirty = Some(file.clone());
+            }
+        }
+    }
+
+    /// The FLUSH: this handle stops counting as an unflushed writer. Returns the file it
+    /// had written to, if any.
+    pub fn take_dirty(&self) -> Option<Arc<MemFile>> {
+        let file = lock(&self.dirty).take()?;
+        file.with(|s| s.unflushed = s.unflushed.saturating_sub(1));
+        Some(file)
+    }
+}
+
 #[derive(Debug)]
 pub enum Handle {
     /// A directory listing taken at `opendir`.
     Dir(Arc<Vec<ListEntry>>),
-    /// A file of BACKING.
-    Backing(File),
-    /// A stored chunk: the shard file as it was at open and the chunk's range in it.
-    Chunk { file: Arc<File>, range: ChunkRange },
-    /// A document served from memory (translated metadata, the control file).
-    Bytes(Bytes),
+    File(FileHandle),
+}
+
+#[derive(Debug, Default)]
+pub struct HandleTable {
+    handles: Mutex<HashMap<u64, Arc<Handle>>>,
+    next: AtomicU64,
+}
+
+impl HandleTable {
+    pub fn insert(&self, handle: Handle) -> u64 {
+        let fh = self.next.fetch_add(1, Ordering::Relaxed) + 1;
+        lock(&self.handles).insert(fh, Arc::new(handle));
+        fh
+    }
+
+    pub fn get(&self, fh: u64) -> Result<Arc<Handle>, FsError> {
+        lock(&self.handles)
+            .get(&fh)
+            .cloned()
+            .ok_or(FsError::BadHandle)
+    }
+
+    pub fn file(&self, fh: u64) -> Result<Arc<Handle>, FsError> {
+        let h = self.get(fh)?;
+        match h.as_ref() {
+            Handle::File(_) => Ok(h),
+            Handle::Dir(_) => Err(FsError::IsDir),
+        }
+    }
+
+    pub fn remove(&self, fh: u64) -> Option<Arc<Handle>> {
+        lock(&self.handles).remove(&fh)
+    }
+
+    /// Whether any file handle is open on `ino`.
+    pub fn is_open(&self, ino: Ino) -> bool {
+        lock(&self.handles)
+            .values()
+            .any(|h| matches!(h.as_ref(), Handle::File(f) if f.ino == ino))
+    }
 }
 
 /// Reads up to `size` bytes at `offset`, short only at the end of the file.
@@ -55,26 +147,4 @@ pub fn read_full_at(file: &File, offset: u64, size: u64) -> std::io::Result<Vec<
     }
     buf.truncate(filled);
     Ok(buf)
-}
-
-#[derive(Debug, Default)]
-pub struct HandleTable {
-    handles: Mutex<HashMap<u64, Arc<Handle>>>,
-    next: AtomicU64,
-}
-
-impl HandleTable {
-    pub fn insert(&self, handle: Handle) -> u64 {
-        let fh = self.next.fetch_add(1, Ordering::Relaxed) + 1;
-        lock(&self.handles).insert(fh, Arc::new(handle));
-        fh
-    }
-
-    pub fn get(&self, fh: u64) -> Result<Arc<Handle>, FsError> {
-        lock(&self.handles).get(&fh).cloned().ok_or(FsError::Stale)
-    }
-
-    pub fn remove(&self, fh: u64) {
-        lock(&self.handles).remove(&fh);
-    }
 }

@@ -9,17 +9,48 @@ use std::sync::{Arc, Mutex};
 
 use super::array::{ArrayState, lock};
 use super::group::GroupView;
+use super::memfile::MemFile;
 use crate::zarr::KeyNode;
 
 pub type Ino = u64;
 pub const ROOT: Ino = 1;
+/// The parent of inodes whose name is gone (unlinked or renamed over while open).
+const DETACHED: Ino = 0;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FileType {
     Dir,
     File,
     Symlink,
+    Fifo,
+    Socket,
+    CharDevice,
+    BlockDevice,
+    /// A special file of a kind not listed here.
     Other,
+}
+
+impl FileType {
+    pub fn from_std(t: std::fs::FileType) -> FileType {
+        use std::os::unix::fs::FileTypeExt;
+        if t.is_dir() {
+            FileType::Dir
+        } else if t.is_file() {
+            FileType::File
+        } else if t.is_symlink() {
+            FileType::Symlink
+        } else if t.is_fifo() {
+            FileType::Fifo
+        } else if t.is_socket() {
+            FileType::Socket
+        } else if t.is_char_device() {
+            FileType::CharDevice
+        } else if t.is_block_device() {
+            FileType::BlockDevice
+        } else {
+            FileType::Other
+        }
+    }
 }
 
 /// What a name in the mount is.
@@ -48,8 +79,11 @@ pub enum NodeKind {
         array: Arc<ArrayState>,
         coords: Vec<u64>,
     },
+    /// A file held in memory: a temporary file inside an array, a `zarr.json` being
+    /// written, or a chunk file unlinked while open.
+    Temp(Arc<MemFile>),
     /// The mount's control file in the root (not listed): reading it gives the daemon's
-    /// state as JSON.
+    /// state as JSON; writing `flush` to it writes everything pending.
     Control,
 }
 
@@ -61,6 +95,7 @@ impl NodeKind {
             | NodeKind::ArrayMeta(_)
             | NodeKind::GroupMeta(_)
             | NodeKind::Chunk { .. }
+            | NodeKind::Temp(_)
             | NodeKind::Control => FileType::File,
             NodeKind::Symlink => FileType::Symlink,
             NodeKind::Other => FileType::Other,
@@ -95,6 +130,7 @@ pub struct NodeInfo {
     /// Path relative to the mount root (and to the backing root: they coincide).
     pub rel: PathBuf,
     pub kind: NodeKind,
+    pub detached: bool,
 }
 
 impl Default for InodeTable {
@@ -124,13 +160,15 @@ impl InodeTable {
         }
     }
 
+    /// The inode as it is now. A nameless (detached) inode has an empty path.
     pub fn get(&self, ino: Ino) -> Option<NodeInfo> {
         let inner = lock(&self.inner);
         let node = inner.nodes.get(&ino)?;
         Some(NodeInfo {
             ino,
-            rel: path_of(&inner, ino)?,
+            rel: path_of(&inner, ino).unwrap_or_default(),
             kind: node.kind.clone(),
+            detached: node.parent == DETACHED,
         })
     }
 
@@ -160,6 +198,63 @@ impl InodeTable {
         );
         inner.by_name.insert(key, ino);
         ino
+    }
+
+    /// Replaces what `ino` is, keeping its name.
+    pub fn set_kind(&self, ino: Ino, kind: NodeKind) {
+        if let Some(node) = lock(&self.inner).nodes.get_mut(&ino) {
+            node.kind = kind;
+        }
+    }
+
+    /// Turns every inode that refers to the in-memory `file` into `kind` (the file moved to
+    /// BACKING or into a chunk).
+    pub fn rekind_file(&self, file: &Arc<MemFile>, kind: NodeKind) {
+        for node in lock(&self.inner).nodes.values_mut() {
+            if matches!(&node.kind, NodeKind::Temp(f) if Arc::ptr_eq(f, file)) {
+                node.kind = kind.clone();
+            }
+        }
+    }
+
+    /// The name `name` in `parent` no longer refers to its inode (the file was unlinked or
+    /// replaced). The inode lives on, nameless, until the kernel forgets it; `kind` is
+    /// what it is from now on. Returns the inode, if there was one.
+    pub fn detach(&self, parent: Ino, name: &OsStr, kind: Option<NodeKind>) -> Option<Ino> {
+        let mut inner = lock(&self.inner);
+        let ino = inner.by_name.remove(&(parent, name.to_os_string()))?;
+        if let Some(node) = inner.nodes.get_mut(&ino) {
+            if let Some(kind) = kind {
+                node.kind = kind;
+            }
+            // A nameless inode: it keeps its old name for messages, but no lookup finds it.
+            node.parent = DETACHED;
+        }
+        Some(ino)
+    }
+
+    /// Moves `ino` to `name` in `parent` with what it is now, detaching whatever had that
+    /// name.
+    pub fn rename(&self, ino: Ino, parent: Ino, name: &OsStr, kind: NodeKind) {
+        let mut inner = lock(&self.inner);
+        let key = (parent, name.to_os_string());
+        if let Some(old) = inner.by_name.remove(&key)
+            && old != ino
+            && let Some(node) = inner.nodes.get_mut(&old)
+        {
+            node.parent = DETACHED;
+        }
+        let Some(node) = inner.nodes.get_mut(&ino) else {
+            return;
+        };
+        let old_key = (node.parent, node.name.clone());
+        node.parent = parent;
+        node.name = name.to_os_string();
+        node.kind = kind;
+        if inner.by_name.get(&old_key) == Some(&ino) {
+            inner.by_name.remove(&old_key);
+        }
+        inner.by_name.insert(key, ino);
     }
 
     /// Replaces what the root is (it may itself be an array directory).
@@ -211,6 +306,9 @@ impl InodeTable {
 fn path_of(inner: &Inner, mut ino: Ino) -> Option<PathBuf> {
     let mut names = Vec::new();
     while ino != ROOT {
+        if ino == DETACHED {
+            return None;
+        }
         let node = inner.nodes.get(&ino)?;
         names.push(node.name.as_os_str());
         ino = node.parent;

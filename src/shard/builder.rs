@@ -133,17 +133,7 @@ impl EncodedShard {
     /// Writes the whole shard with vectored writes: one `writev` unless the kernel takes
     /// less (IOV_MAX is 1024 buffers, and writes can be short), then the rest.
     pub fn write_all_to(&self, out: &mut impl Write) -> io::Result<()> {
-        let mut slices = self.io_slices();
-        let mut rest: &mut [IoSlice<'_>] = &mut slices;
-        while !rest.is_empty() {
-            match out.write_vectored(rest) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => IoSlice::advance_slices(&mut rest, n),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
+        write_all_vectored(out, &self.buffers)
     }
 
     /// The file as one contiguous buffer; for tests and small tools, never the write path.
@@ -154,6 +144,21 @@ impl EncodedShard {
         }
         v
     }
+}
+
+/// Writes every buffer with `writev`, looping only when the kernel takes less.
+pub fn write_all_vectored(out: &mut impl Write, buffers: &[Bytes]) -> io::Result<()> {
+    let mut slices: Vec<IoSlice<'_>> = buffers.iter().map(|b| IoSlice::new(b)).collect();
+    let mut rest: &mut [IoSlice<'_>] = &mut slices;
+    while !rest.is_empty() {
+        match out.write_vectored(rest) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => IoSlice::advance_slices(&mut rest, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

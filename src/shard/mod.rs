@@ -5,7 +5,7 @@ pub mod builder;
 pub mod file;
 pub mod index;
 
-pub use builder::{EncodedShard, Segments, ShardBuilder};
+pub use builder::{EncodedShard, Segments, ShardBuilder, write_all_vectored};
 pub use file::{ShardFileError, read_chunk_part, read_index, read_index_lenient};
 pub use index::{
     ChunkRange, DecodedIndex, Endian, IndexCodec, IndexError, IndexFormat, IndexLocation, MISSING,

@@ -1,0 +1,652 @@
+//! Names, attributes, listings, opening and reading.
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use bytes::Bytes;
+
+use super::array::{ArrayState, lock};
+use super::attr::Attr;
+use super::classify::DirClass;
+use super::error::FsError;
+use super::handle::{FileHandle, Handle, ListEntry, read_full_at};
+use super::inode::{FileType, Ino, NodeInfo, NodeKind, ROOT};
+use super::memfile::{FileData, MemFile};
+use super::shards::ChunkData;
+use super::{CONTROL_FILE, CONTROL_SIZE, ShardFs};
+use crate::backing::join_rel;
+use crate::shard::read_chunk_part;
+use crate::zarr::{KeyNode, METADATA_FILE, Separator};
+
+/// An opened file: its handle, and how the kernel should cache it.
+#[derive(Clone, Copy, Debug)]
+pub struct Opened {
+    pub fh: u64,
+    /// Keep the page cache from earlier opens (our own changes go through it; outside
+    /// changes show through a changed mtime).
+    pub keep_cache: bool,
+    /// Bypass the page cache altogether.
+    pub direct_io: bool,
+}
+
+/// Space figures of the backing file system, for `statfs`.
+#[derive(Clone, Copy, Debug)]
+pub struct StatFs {
+    pub blocks: u64,
+    pub bfree: u64,
+    pub bavail: u64,
+    pub files: u64,
+    pub ffree: u64,
+    pub bsize: u32,
+    pub namelen: u32,
+    pub frsize: u32,
+}
+
+/// What a name inside a directory of an array's key tree is.
+#[derive(Debug, PartialEq)]
+pub(crate) enum ArrayName {
+    /// `zarr.json` in the array directory.
+    Meta,
+    /// A chunk key or key directory inside the grid.
+    Key(KeyNode),
+    /// Shaped like a key (digits and separators) but not a valid one, or outside the grid.
+    BadKey,
+    /// Anything else: a temporary file's name, or an extra file of BACKING.
+    Other,
+}
+
+impl ArrayState {
+    pub(crate) fn classify_name(&self, parent: &KeyNode, name: &str) -> ArrayName {
+        if *parent == KeyNode::Root && name == METADATA_FILE {
+            return ArrayName::Meta;
+        }
+        let encoding = self.layout.key_encoding;
+        if let Some(node) = encoding.child(parent, name, self.layout.ndim()) {
+            let grid = self.layout.chunk_grid_shape();
+            let inside = node.prefix().iter().zip(&grid).all(|(c, g)| c < g);
+            return if inside {
+                ArrayName::Key(node)
+            } else {
+                ArrayName::BadKey
+            };
+        }
+        let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+        let key_like = match encoding.separator() {
+            Separator::Slash => digits(name) || (*parent == KeyNode::Root && name == "c"),
+            Separator::Dot => {
+                *parent == KeyNode::Root
+                    && (name == "c"
+                        || name.split('.').all(digits)
+                        || name
+                            .strip_prefix("c.")
+                            .is_some_and(|r| r.split('.').all(digits)))
+            }
+        };
+        if key_like {
+            ArrayName::BadKey
+        } else {
+            ArrayName::Other
+        }
+    }
+}
+
+impl ShardFs {
+    /// The inode as it is now. Directories and array nodes are re-read against their
+    /// `zarr.json`, which may have been written or rewritten since the kernel looked them up.
+    pub(crate) fn node(&self, ino: Ino) -> Result<NodeInfo, FsError> {
+        let mut info = self.inodes.get(ino).ok_or(FsError::Stale)?;
+        if info.detached {
+            return Ok(info);
+        }
+        let refreshed = match &info.kind {
+            NodeKind::Dir | NodeKind::ArrayDir(_) => {
+                match self.classifier.classify(&self.backing, &info.rel)? {
+                    DirClass::ShardedArray(a) => Some(NodeKind::ArrayDir(a)),
+                    _ => Some(NodeKind::Dir),
+                }
+            }
+            NodeKind::ArrayMeta(a) => self.current(a)?.map(NodeKind::ArrayMeta),
+            NodeKind::ChunkDir { array, node } => {
+                self.current(array)?.map(|array| NodeKind::ChunkDir {
+                    array,
+                    node: node.clone(),
+                })
+            }
+            NodeKind::Chunk { array, coords } => {
+                self.current(array)?.map(|array| NodeKind::Chunk {
+                    array,
+                    coords: coords.clone(),
+                })
+            }
+            _ => None,
+        };
+        if let Some(kind) = refreshed {
+            if ino == ROOT {
+                self.inodes.set_root_kind(kind.clone());
+            }
+            info.kind = kind;
+        }
+        Ok(info)
+    }
+
+    /// The array's current state when its `zarr.json` was rewritten, `None` when unchanged.
+    fn current(&self, array: &Arc<ArrayState>) -> Result<Option<Arc<ArrayState>>, FsError> {
+        match self.classifier.classify(&self.backing, &array.rel)? {
+            DirClass::ShardedArray(now) if Arc::ptr_eq(&now, array) => Ok(None),
+            DirClass::ShardedArray(now) => Ok(Some(now)),
+            _ => Err(FsError::NotFound),
+        }
+    }
+
+    /// What `name` in directory `parent` is.
+    pub(crate) fn resolve(&self, parent: &NodeInfo, name: &OsStr) -> Result<NodeKind, FsError> {
+        let rel = join_rel(&parent.rel, name);
+        if parent.ino == ROOT && name == CONTROL_FILE {
+            return Ok(NodeKind::Control);
+        }
+        if parent.detached {
+            return Err(FsError::NotFound);
+        }
+        if let Some(file) = self.temps.file(&rel) {
+            return Ok(NodeKind::Temp(file));
+        }
+        match &parent.kind {
+            NodeKind::Dir => self.resolve_backing(&parent.rel, &rel, name, true),
+            NodeKind::ArrayDir(array) => self.resolve_in_array(array, &KeyNode::Root, &rel, name),
+            NodeKind::ChunkDir { array, node } => self.resolve_in_array(array, node, &rel, name),
+            _ => Err(FsError::NotDir),
+        }
+    }
+
+    fn resolve_in_array(
+        &self,
+        array: &Arc<ArrayState>,
+        parent: &KeyNode,
+        rel: &Path,
+        name: &OsStr,
+    ) -> Result<NodeKind, FsError> {
+        let class = name
+            .to_str()
+            .map_or(ArrayName::Other, |n| array.classify_name(parent, n));
+        match class {
+            ArrayName::Meta => Ok(NodeKind::ArrayMeta(array.clone())),
+            ArrayName::Key(KeyNode::Chunk(coords)) => {
+                match self.shards.chunk(&self.backing, array, &coords)? {
+                    ChunkData::Absent => Err(FsError::NotFound),
+                    _ => Ok(NodeKind::Chunk {
+                        array: array.clone(),
+                        coords,
+                    }),
+                }
+            }
+            ArrayName::Key(node) => {
+                if self.key_dir_exists(array, &node, rel)? {
+                    Ok(NodeKind::ChunkDir {
+                        array: array.clone(),
+                        node,
+                    })
+                } else {
+                    Err(FsError::NotFound)
+                }
+            }
+            ArrayName::BadKey => Err(FsError::NotFound),
+            // Not part of the key tree: whatever else BACKING holds there, as it is.
+            ArrayName::Other => self.resolve_backing(Path::new(""), rel, name, false),
+        }
+    }
+
+    /// A key-tree directory exists while a chunk lies below it, something in memory does,
+    /// or it was made with mkdir.
+    pub(crate) fn key_dir_exists(
+        &self,
+        array: &ArrayState,
+        node: &KeyNode,
+        rel: &Path,
+    ) -> Result<bool, FsError> {
+        Ok(self.temps.dir(rel)
+            || self.temps.any_below(rel)
+            || self.shards.has_chunks_below(&self.backing, array, node)?)
+    }
+
+    /// A name of BACKING shown as it is; with `classify`, directories are checked for Zarr
+    /// arrays and `zarr.json` files for translation.
+    fn resolve_backing(
+        &self,
+        parent_rel: &Path,
+        rel: &Path,
+        name: &OsStr,
+        classify: bool,
+    ) -> Result<NodeKind, FsError> {
+        let meta = self.backing.stat(rel)?.ok_or(FsError::NotFound)?;
+        let ft = meta.file_type();
+        Ok(if ft.is_dir() {
+            match classify.then(|| self.classifier.classify(&self.backing, rel)) {
+                Some(Ok(DirClass::ShardedArray(a))) => NodeKind::ArrayDir(a),
+                Some(Err(e)) => return Err(e),
+                _ => NodeKind::Dir,
+            }
+        } else if ft.is_file() {
+            if classify && name == METADATA_FILE {
+                match self.classifier.classify(&self.backing, parent_rel)? {
+                    DirClass::ShardedArray(a) => NodeKind::ArrayMeta(a),
+                    DirClass::Group(Some(g)) => NodeKind::GroupMeta(g),
+                    _ => NodeKind::File,
+                }
+            } else {
+                NodeKind::File
+            }
+        } else if ft.is_symlink() {
+            NodeKind::Symlink
+        } else {
+            NodeKind::Other
+        })
+    }
+
+    pub(crate) fn attr(&self, ino: Ino, rel: &Path, kind: &NodeKind) -> Result<Attr, FsError> {
+        let backing_attr = |rel: &Path| -> Result<Attr, FsError> {
+            let m = self.backing.stat(rel)?.ok_or(FsError::NotFound)?;
+            Ok(Attr::from_backing(ino, &m))
+        };
+        let owner = |rel: &Path| -> Result<std::fs::Metadata, FsError> {
+            match self.backing.stat(rel)? {
+                Some(m) => Ok(m),
+                None => self.backing.stat(Path::new(""))?.ok_or(FsError::NotFound),
+            }
+        };
+        let mem_attr = |file: &MemFile| -> Result<Attr, FsError> {
+            let s = file.snapshot();
+            let owner = owner(Path::new(""))?;
+            Ok(Attr {
+                perm: (s.mode & 0o7777) as u16,
+                ..Attr::virtual_file(ino, &owner, s.data.len(), s.mtime)
+            })
+        };
+        match kind {
+            NodeKind::Dir
+            | NodeKind::File
+            | NodeKind::Symlink
+            | NodeKind::Other
+            | NodeKind::ArrayDir(_) => backing_attr(rel),
+            NodeKind::ArrayMeta(array) => {
+                let m = self.backing.stat(rel)?.ok_or(FsError::NotFound)?;
+                Ok(Attr {
+                    size: array.view_json.len() as u64,
+                    ..Attr::from_backing(ino, &m)
+                })
+            }
+            NodeKind::GroupMeta(group) => {
+                let m = self.backing.stat(rel)?.ok_or(FsError::NotFound)?;
+                Ok(Attr {
+                    size: group.json.len() as u64,
+                    ..Attr::from_backing(ino, &m)
+                })
+            }
+            NodeKind::ChunkDir { array, .. } => Ok(Attr::virtual_dir(ino, &owner(&array.rel)?)),
+            NodeKind::Temp(file) => mem_attr(file),
+            NodeKind::Control => {
+                let root = owner(Path::new(""))?;
+                Ok(Attr {
+                    perm: 0o644,
+                    volatile: true,
+                    ..Attr::virtual_file(ino, &root, CONTROL_SIZE as u64, SystemTime::now())
+                })
+            }
+            NodeKind::Chunk { array, coords } => {
+                match self.shards.chunk(&self.backing, array, coords)? {
+                    ChunkData::Absent => Err(FsError::NotFound),
+                    ChunkData::Stored(c) => Ok(Attr::virtual_file(
+                        ino,
+                        &owner(&array.rel)?,
+                        c.range.nbytes,
+                        c.mtime,
+                    )),
+                    ChunkData::Pending(file) => mem_attr(&file),
+                    // Its size is unknown: shown empty; opening it fails with EIO.
+                    ChunkData::Damaged { mtime, .. } => {
+                        Ok(Attr::virtual_file(ino, &owner(&array.rel)?, 0, mtime))
+                    }
+                }
+            }
+        }
+    }
+
+    pub fn lookup(&self, parent: Ino, name: &OsStr) -> Result<Attr, FsError> {
+        let parent = self.node(parent)?;
+        let kind = self.resolve(&parent, name)?;
+        let rel = join_rel(&parent.rel, name);
+        let attr = self.attr(0, &rel, &kind)?;
+        let ino = self.inodes.lookup(parent.ino, name, kind);
+        Ok(Attr { ino, ..attr })
+    }
+
+    pub fn forget(&self, ino: Ino, n: u64) {
+        self.inodes.forget(ino, n);
+    }
+
+    pub fn getattr(&self, ino: Ino) -> Result<Attr, FsError> {
+        let info = self.node(ino)?;
+        self.attr(ino, &info.rel, &info.kind)
+    }
+
+    pub fn readlink(&self, ino: Ino) -> Result<PathBuf, FsError> {
+        let info = self.node(ino)?;
+        match info.kind {
+            NodeKind::Symlink => Ok(self.backing.read_link(&info.rel)?),
+            _ => Err(FsError::Invalid("not a symbolic link".into())),
+        }
+    }
+
+    /// Opens a directory: its listing is taken now and served from this snapshot.
+    pub fn opendir(&self, ino: Ino) -> Result<u64, FsError> {
+        let info = self.node(ino)?;
+        let mut entries = vec![
+            ListEntry::new(".", FileType::Dir),
+            ListEntry::new("..", FileType::Dir),
+        ];
+        let hide_control = |name: &str| !(ino == ROOT && name == CONTROL_FILE);
+        match &info.kind {
+            NodeKind::Dir => {
+                entries.extend(self.backing_listing(&info.rel, |n| hide_control(n))?);
+            }
+            NodeKind::ArrayDir(array) => {
+                entries.push(ListEntry::new(METADATA_FILE, FileType::File));
+                entries.extend(self.key_listing(array, &KeyNode::Root, &info.rel)?);
+                entries.extend(self.backing_listing(&info.rel, |name| {
+                    hide_control(name)
+                        && array.classify_name(&KeyNode::Root, name) == ArrayName::Other
+                })?);
+            }
+            NodeKind::ChunkDir { array, node } => {
+                entries.extend(self.key_listing(array, node, &info.rel)?);
+                entries.extend(self.backing_listing(&info.rel, |name| {
+                    array.classify_name(node, name) == ArrayName::Other
+                })?);
+            }
+            _ => return Err(FsError::NotDir),
+        }
+        // Files held in memory, not shadowing anything already listed.
+        for (name, _) in self.temps.files_in(&info.rel) {
+            if !entries.iter().any(|e| e.name == name.as_str()) {
+                entries.push(ListEntry::new(&name, FileType::File));
+            }
+        }
+        Ok(self.handles.insert(Handle::Dir(Arc::new(entries))))
+    }
+
+    fn key_listing(
+        &self,
+        array: &ArrayState,
+        node: &KeyNode,
+        rel: &Path,
+    ) -> Result<Vec<ListEntry>, FsError> {
+        let mut out: Vec<ListEntry> = self
+            .shards
+            .list(&self.backing, array, node)?
+            .into_iter()
+            .map(|e| {
+                let ft = match e.node {
+                    KeyNode::Chunk(_) => FileType::File,
+                    _ => FileType::Dir,
+                };
+                ListEntry::new(&e.name, ft)
+            })
+            .collect();
+        // Key directories made with mkdir, or holding only files in memory.
+        for name in self.temps.dirs_in(rel).into_iter().chain(
+            self.temps.all_files().into_iter().filter_map(|(p, _)| {
+                let sub = p.strip_prefix(rel).ok()?;
+                let mut parts = sub.components();
+                let first = parts.next()?;
+                parts.next()?;
+                first.as_os_str().to_str().map(str::to_string)
+            }),
+        ) {
+            if matches!(
+                array.classify_name(node, &name),
+                ArrayName::Key(KeyNode::Dir(_))
+            ) && !out.iter().any(|e| e.name == name.as_str())
+            {
+                out.push(ListEntry::new(&name, FileType::Dir));
+            }
+        }
+        Ok(out)
+    }
+
+    fn backing_listing(
+        &self,
+        rel: &Path,
+        keep: impl Fn(&str) -> bool,
+    ) -> Result<Vec<ListEntry>, FsError> {
+        let mut out: Vec<ListEntry> = self
+            .backing
+            .list(rel)?
+            .into_iter()
+            .filter(|e| e.name.to_str().is_none_or(&keep))
+            .map(|e| ListEntry {
+                name: e.name,
+                kind: FileType::from_std(e.file_type),
+            })
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    /// The snapshot entries of an open directory.
+    pub fn readdir(&self, fh: u64) -> Result<Arc<Vec<ListEntry>>, FsError> {
+        match self.handles.get(fh)?.as_ref() {
+            Handle::Dir(entries) => Ok(entries.clone()),
+            Handle::File(_) => Err(FsError::NotDir),
+        }
+    }
+
+    pub fn releasedir(&self, fh: u64) {
+        self.handles.remove(fh);
+    }
+
+    /// The inode number a name currently has, if the kernel holds it (for `readdir`).
+    pub fn known_ino(&self, parent: Ino, name: &OsStr) -> Option<Ino> {
+        self.inodes.peek(parent, name)
+    }
+
+    /// Opens a file. `flags` are the open(2) flags (O_TRUNC included).
+    pub fn open(&self, ino: Ino, flags: i32) -> Result<Opened, FsError> {
+        let info = self.node(ino)?;
+        let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let truncate = writable && flags & libc::O_TRUNC != 0;
+        let mut handle = FileHandle::new(ino, writable);
+        let mut keep_cache = true;
+        let mut direct_io = false;
+        match &info.kind {
+            NodeKind::File
+                if writable && info.rel.file_name() == Some(OsStr::new(METADATA_FILE)) =>
+            {
+                // A zarr.json written in place: held in memory, committed at FLUSH.
+                let content = if truncate {
+                    FileData::default()
+                } else {
+                    FileData::from_bytes(Bytes::from(
+                        self.backing.read(&info.rel)?.unwrap_or_default(),
+                    ))
+                };
+                self.start_temp(&info, content);
+                keep_cache = false;
+            }
+            NodeKind::File => {
+                let mut options = std::fs::OpenOptions::new();
+                options
+                    .read(flags & libc::O_ACCMODE != libc::O_WRONLY)
+                    .write(writable)
+                    .truncate(truncate)
+                    .append(flags & libc::O_APPEND != 0);
+                handle.backing = Some(options.open(self.backing.path(&info.rel))?);
+            }
+            NodeKind::ArrayMeta(array) if writable => {
+                let content = if truncate {
+                    FileData::default()
+                } else {
+                    FileData::from_bytes(array.view_json.clone())
+                };
+                self.start_temp(&info, content);
+                keep_cache = false;
+            }
+            NodeKind::GroupMeta(group) if writable => {
+                let content = if truncate {
+                    FileData::default()
+                } else {
+                    FileData::from_bytes(group.json.clone())
+                };
+                self.start_temp(&info, content);
+                keep_cache = false;
+            }
+            NodeKind::ArrayMeta(array) => handle.bytes = Some(array.view_json.clone()),
+            NodeKind::GroupMeta(group) => handle.bytes = Some(group.json.clone()),
+            NodeKind::Control => {
+                handle.bytes = Some(self.control_json());
+                keep_cache = false;
+                direct_io = true;
+            }
+            NodeKind::Temp(file) => {
+                if truncate {
+                    let delta = file.change(|d| d.truncate(0));
+                    self.charge_temp(file, delta);
+                }
+            }
+            NodeKind::Chunk { array, coords } => {
+                if writable {
+                    self.shards
+                        .open_for_write(&self.backing, array, coords, truncate)?;
+                } else {
+                    match self.shards.chunk(&self.backing, array, coords)? {
+                        ChunkData::Absent => return Err(FsError::NotFound),
+                        ChunkData::Stored(c) => {
+                            let file = Arc::new(c.open(&self.backing)?);
+                            *lock(&handle.stored) = Some((c, file));
+                        }
+                        ChunkData::Pending(_) => {}
+                        ChunkData::Damaged { path, reason, .. } => {
+                            return Err(FsError::DamagedShard { path, reason });
+                        }
+                    }
+                }
+            }
+            NodeKind::Dir | NodeKind::ArrayDir(_) | NodeKind::ChunkDir { .. } => {
+                return Err(FsError::IsDir);
+            }
+            NodeKind::Symlink | NodeKind::Other => {
+                return Err(FsError::Unsupported("opening a special file"));
+            }
+        }
+        Ok(Opened {
+            fh: self.handles.insert(Handle::File(handle)),
+            keep_cache,
+            direct_io,
+        })
+    }
+
+    /// Makes the file at `info` an in-memory file with `content` (a `zarr.json` opened for
+    /// writing).
+    fn start_temp(&self, info: &NodeInfo, content: FileData) {
+        let file = Arc::new(MemFile::new(content, 0o644));
+        self.shards.charge(file.len() as i64);
+        if let Some(old) = self.temps.insert_file(&info.rel, file.clone()) {
+            self.shards.charge(-(old.len() as i64));
+        }
+        self.inodes.set_kind(info.ino, NodeKind::Temp(file));
+    }
+
+    pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Bytes, FsError> {
+        let handle = self.handles.file(fh)?;
+        let Handle::File(h) = handle.as_ref() else {
+            return Err(FsError::IsDir);
+        };
+        let size = size as u64;
+        let slice = |b: &Bytes| {
+            let start = (offset as usize).min(b.len());
+            let end = (start + size as usize).min(b.len());
+            b.slice(start..end)
+        };
+        if let Some(b) = &h.bytes {
+            return Ok(slice(b));
+        }
+        if let Some(file) = &h.backing {
+            return Ok(Bytes::from(read_full_at(file, offset, size)?));
+        }
+        let info = self.node(h.ino)?;
+        match &info.kind {
+            NodeKind::Temp(file) => Ok(Bytes::from(file.snapshot().data.read(offset, size))),
+            NodeKind::Chunk { array, coords } => {
+                match self.shards.chunk(&self.backing, array, coords)? {
+                    ChunkData::Pending(file) => {
+                        Ok(Bytes::from(file.snapshot().data.read(offset, size)))
+                    }
+                    ChunkData::Stored(c) => {
+                        let mut pinned = lock(&h.stored);
+                        let file = match pinned.as_ref() {
+                            Some((p, f)) if p.version == c.version && p.range == c.range => {
+                                f.clone()
+                            }
+                            _ => {
+                                let f = Arc::new(c.open(&self.backing)?);
+                                *pinned = Some((c.clone(), f.clone()));
+                                f
+                            }
+                        };
+                        Ok(Bytes::from(read_chunk_part(&file, c.range, offset, size)?))
+                    }
+                    ChunkData::Damaged { path, reason, .. } => {
+                        Err(FsError::DamagedShard { path, reason })
+                    }
+                    // Deleted since open: what was open stays readable.
+                    ChunkData::Absent => match lock(&h.stored).as_ref() {
+                        Some((c, f)) => Ok(Bytes::from(read_chunk_part(f, c.range, offset, size)?)),
+                        None => Ok(Bytes::new()),
+                    },
+                }
+            }
+            NodeKind::File => {
+                let file = self.backing.open(&info.rel)?;
+                Ok(Bytes::from(read_full_at(&file, offset, size)?))
+            }
+            _ => Err(FsError::IsDir),
+        }
+    }
+
+    pub fn statfs(&self) -> Result<StatFs, FsError> {
+        let path = std::ffi::CString::new(self.backing.root().as_os_str().as_encoded_bytes())
+            .map_err(|_| FsError::Invalid("backing path has a NUL byte".into()))?;
+        // SAFETY: `path` is a valid C string and `s` a properly sized out-parameter.
+        let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+        if unsafe { libc::statvfs(path.as_ptr(), &mut s) } != 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        Ok(StatFs {
+            blocks: s.f_blocks,
+            bfree: s.f_bfree,
+            bavail: s.f_bavail,
+            files: s.f_files,
+            ffree: s.f_ffree,
+            bsize: s.f_bsize as u32,
+            namelen: s.f_namemax as u32,
+            frsize: s.f_frsize as u32,
+        })
+    }
+
+    /// The control file's content: JSON padded with spaces to `CONTROL_SIZE`, so that its
+    /// size never changes while the numbers in it do.
+    pub(crate) fn control_json(&self) -> Bytes {
+        let doc = serde_json::json!({
+            "pid": self.daemon.pid,
+            "status_file": self.daemon.status_file,
+            "backing": self.backing.root(),
+            "stats": self.stats(),
+        });
+        let mut text = serde_json::to_vec(&doc).unwrap_or_default();
+        text.resize(CONTROL_SIZE.max(text.len() + 1), b' ');
+        if let Some(last) = text.last_mut() {
+            *last = b'\n';
+        }
+        Bytes::from(text)
+    }
+}

@@ -1,0 +1,246 @@
+//! Files held in memory: chunk files waiting for their shard, and temporary files inside
+//! arrays. Content is kept as the `Bytes` segments the kernel delivered, never joined.
+
+use std::sync::Mutex;
+use std::time::SystemTime;
+
+use bytes::Bytes;
+
+use super::array::lock;
+
+/// Zeros for holes (sparse writes, truncation upwards), shared rather than allocated.
+static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
+
+/// Sparse file content: non-overlapping `(offset, bytes)` extents in offset order, and a
+/// length that may run past the last extent (the rest reads as zeros).
+#[derive(Clone, Debug, Default)]
+pub struct FileData {
+    extents: Vec<(u64, Bytes)>,
+    len: u64,
+}
+
+impl FileData {
+    pub fn from_bytes(b: Bytes) -> FileData {
+        let len = b.len() as u64;
+        FileData {
+            extents: if b.is_empty() { vec![] } else { vec![(0, b)] },
+            len,
+        }
+    }
+
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Writes `data` at `offset`. Appends (the common case) push one extent; overwrites cut
+    /// the extents they cover, sharing the untouched parts.
+    pub fn write(&mut self, offset: u64, data: Bytes) {
+        if data.is_empty() {
+            return;
+        }
+        let end = offset + data.len() as u64;
+        let append = self
+            .extents
+            .last()
+            .is_none_or(|(o, b)| o + b.len() as u64 <= offset);
+        if !append {
+            let mut kept = Vec::with_capacity(self.extents.len() + 2);
+            for (o, b) in self.extents.drain(..) {
+                let e = o + b.len() as u64;
+                if e <= offset || o >= end {
+                    kept.push((o, b));
+                    continue;
+                }
+                if o < offset {
+                    kept.push((o, b.slice(..(offset - o) as usize)));
+                }
+                if e > end {
+                    kept.push((end, b.slice((end - o) as usize..)));
+                }
+            }
+            kept.push((offset, data));
+            kept.sort_by_key(|(o, _)| *o);
+            self.extents = kept;
+        } else {
+            self.extents.push((offset, data));
+        }
+        self.len = self.len.max(end);
+    }
+
+    pub fn truncate(&mut self, len: u64) {
+        self.extents.retain_mut(|(o, b)| {
+            if *o >= len {
+                return false;
+            }
+            if *o + b.len() as u64 > len {
+                *b = b.slice(..(len - *o) as usize);
+            }
+            true
+        });
+        self.len = len;
+    }
+
+    /// The whole content as segments from offset 0, holes filled with shared zeros.
+    pub fn segments(&self) -> Vec<Bytes> {
+        let mut out = Vec::with_capacity(self.extents.len() + 1);
+        let mut at = 0u64;
+        let zeros = |n: u64, out: &mut Vec<Bytes>| {
+            let mut left = n;
+            while left > 0 {
+                let take = left.min(ZEROS.len() as u64) as usize;
+                out.push(Bytes::from_static(&ZEROS[..take]));
+                left -= take as u64;
+            }
+        };
+        for (o, b) in &self.extents {
+            zeros(o - at, &mut out);
+            out.push(b.clone());
+            at = o + b.len() as u64;
+        }
+        zeros(self.len - at, &mut out);
+        out
+    }
+
+    /// Copies `size` bytes at `offset` (fewer at the end).
+    pub fn read(&self, offset: u64, size: u64) -> Vec<u8> {
+        let end = (offset + size).min(self.len);
+        if offset >= end {
+            return Vec::new();
+        }
+        let mut out = vec![0u8; (end - offset) as usize];
+        for (o, b) in &self.extents {
+            let (s, e) = (*o, o + b.len() as u64);
+            if e <= offset || s >= end {
+                continue;
+            }
+            let from = s.max(offset);
+            let to = e.min(end);
+            out[(from - offset) as usize..(to - offset) as usize]
+                .copy_from_slice(&b[(from - s) as usize..(to - s) as usize]);
+        }
+        out
+    }
+}
+
+/// A file in memory: its content, when it last changed, and how many write handles have
+/// written to it without a FLUSH since. Shared by whoever refers to it (the inode, a shard's
+/// pending position, a temporary name), so that renames move it without copying.
+#[derive(Debug)]
+pub struct MemFile {
+    state: Mutex<MemState>,
+}
+
+#[derive(Clone, Debug)]
+pub struct MemState {
+    pub data: FileData,
+    pub mtime: SystemTime,
+    /// Write handles with unflushed writes: the content is final only at zero.
+    pub unflushed: u32,
+    /// Bumped at every change, so that a shard write can tell whether what it wrote is
+    /// still the latest content.
+    pub version: u64,
+    pub mode: u32,
+}
+
+impl MemFile {
+    pub fn new(data: FileData, mode: u32) -> MemFile {
+        MemFile {
+            state: Mutex::new(MemState {
+                data,
+                mtime: SystemTime::now(),
+                unflushed: 0,
+                version: 0,
+                mode,
+            }),
+        }
+    }
+
+    pub fn snapshot(&self) -> MemState {
+        lock(&self.state).clone()
+    }
+
+    pub fn len(&self) -> u64 {
+        lock(&self.state).data.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Applies `f` to the content, stamping a new version and mtime. Returns the change in
+    /// length.
+    pub fn change(&self, f: impl FnOnce(&mut FileData)) -> i64 {
+        let mut s = lock(&self.state);
+        let before = s.data.len() as i64;
+        f(&mut s.data);
+        s.version += 1;
+        s.mtime = SystemTime::now();
+        s.data.len() as i64 - before
+    }
+
+    pub fn with<R>(&self, f: impl FnOnce(&mut MemState) -> R) -> R {
+        f(&mut lock(&self.state))
+    }
+
+    pub fn settled(&self) -> bool {
+        lock(&self.state).unflushed == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn content(d: &FileData) -> Vec<u8> {
+        d.segments()
+            .iter()
+            .flat_map(|b| b.iter().copied())
+            .collect()
+    }
+
+    #[test]
+    fn appends_keep_the_segments_as_delivered() {
+        let mut d = FileData::default();
+        let a = Bytes::from_static(b"hello ");
+        let b = Bytes::from_static(b"world");
+        d.write(0, a.clone());
+        d.write(6, b.clone());
+        let segs = d.segments();
+        assert_eq!(segs.len(), 2);
+        assert_eq!(segs[0].as_ptr(), a.as_ptr());
+        assert_eq!(segs[1].as_ptr(), b.as_ptr());
+        assert_eq!(content(&d), b"hello world");
+    }
+
+    #[test]
+    fn overwrites_holes_and_truncation() {
+        let mut d = FileData::default();
+        d.write(0, Bytes::from_static(b"aaaaaaaaaa"));
+        d.write(3, Bytes::from_static(b"XY"));
+        assert_eq!(content(&d), b"aaaXYaaaaa");
+        d.write(12, Bytes::from_static(b"z"));
+        assert_eq!(content(&d), b"aaaXYaaaaa\0\0z");
+        assert_eq!(d.read(4, 3), b"Yaa");
+        assert_eq!(d.read(9, 100), b"a\0\0z");
+        d.truncate(4);
+        assert_eq!(content(&d), b"aaaX");
+        d.truncate(6);
+        assert_eq!(content(&d), b"aaaX\0\0");
+        d.write(0, Bytes::from_static(b"0123456789"));
+        assert_eq!(content(&d), b"0123456789");
+        assert_eq!(d.segments().len(), 1);
+    }
+
+    #[test]
+    fn large_holes_are_shared_zero_segments() {
+        let mut d = FileData::default();
+        d.truncate(200_000);
+        let segs = d.segments();
+        assert_eq!(segs.iter().map(Bytes::len).sum::<usize>(), 200_000);
+        assert!(segs.iter().all(|s| s.iter().all(|&b| b == 0)));
+    }
+}

@@ -1,0 +1,640 @@
+//! Changing names: create, mkdir, unlink, rmdir, rename, link, symlink. Inside arrays the
+//! names are chunk keys (whose content goes to shards), key directories (which exist while
+//! something lies below them) and temporary files (held in memory until renamed onto a key
+//! or, if never, written to BACKING as they are).
+
+use std::ffi::OsStr;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tracing::warn;
+
+use super::ShardFs;
+use super::array::ArrayState;
+use super::attr::Attr;
+use super::error::FsError;
+use super::handle::{FileHandle, Handle};
+use super::inode::{Ino, NodeInfo, NodeKind};
+use super::lookup::{ArrayName, Opened};
+use super::memfile::{FileData, MemFile};
+use super::shards::ChunkData;
+use crate::backing::join_rel;
+use crate::zarr::{KeyNode, METADATA_FILE};
+
+/// Where a new name would go.
+#[derive(Debug)]
+enum Place {
+    /// A name of a plain directory: a BACKING file.
+    Plain(PathBuf),
+    /// `zarr.json` of the directory `dir`: a metadata document.
+    Meta(PathBuf),
+    /// A chunk key.
+    Chunk(Arc<ArrayState>, Vec<u64>),
+    /// A key directory.
+    KeyDir(Arc<ArrayState>, KeyNode, PathBuf),
+    /// A name inside an array that is not a key: held in memory when new, BACKING's when it
+    /// exists there.
+    Temp(PathBuf),
+    Extra(PathBuf),
+}
+
+/// `rename(2)` flags the core understands.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RenameFlags {
+    pub noreplace: bool,
+    pub exchange: bool,
+}
+
+impl ShardFs {
+    fn place(&self, parent: &NodeInfo, name: &OsStr) -> Result<Place, FsError> {
+        let rel = join_rel(&parent.rel, name);
+        let (array, node) = match &parent.kind {
+            NodeKind::Dir if name == METADATA_FILE => return Ok(Place::Meta(parent.rel.clone())),
+            NodeKind::Dir => return Ok(Place::Plain(rel)),
+            NodeKind::ArrayDir(a) => (a.clone(), KeyNode::Root),
+            NodeKind::ChunkDir { array, node } => (array.clone(), node.clone()),
+            _ => return Err(FsError::NotDir),
+        };
+        let Some(text) = name.to_str() else {
+            return Ok(Place::Temp(rel));
+        };
+        Ok(match array.classify_name(&node, text) {
+            ArrayName::Meta => Place::Meta(parent.rel.clone()),
+            ArrayName::Key(KeyNode::Chunk(c)) => Place::Chunk(array, c),
+            ArrayName::Key(n) => Place::KeyDir(array, n, rel),
+            ArrayName::BadKey => {
+                warn!(
+                    array = %self.backing.path(&array.rel).display(),
+                    name = %rel.display(),
+                    "refused: not a chunk key of the array's encoding, or outside its grid"
+                );
+                return Err(FsError::Invalid(format!(
+                    "{} is not a chunk key of the array",
+                    rel.display()
+                )));
+            }
+            ArrayName::Other
+                if self.temps.file(&rel).is_none() && self.backing.stat(&rel)?.is_some() =>
+            {
+                Place::Extra(rel)
+            }
+            ArrayName::Other => Place::Temp(rel),
+        })
+    }
+
+    fn exists(&self, parent: &NodeInfo, name: &OsStr) -> Result<bool, FsError> {
+        match self.resolve(parent, name) {
+            Ok(_) => Ok(true),
+            Err(FsError::NotFound) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Registers a new name with the kernel (a create, mkdir or link reply counts as a
+    /// lookup) and returns its attributes.
+    fn enter(&self, parent: Ino, name: &OsStr, kind: NodeKind) -> Result<Attr, FsError> {
+        let info = self.node(parent)?;
+        let rel = join_rel(&info.rel, name);
+        let attr = self.attr(0, &rel, &kind)?;
+        let ino = self.inodes.lookup(parent, name, kind);
+        Ok(Attr { ino, ..attr })
+    }
+
+    pub fn create(
+        &self,
+        parent: Ino,
+        name: &OsStr,
+        mode: u32,
+        flags: i32,
+    ) -> Result<(Attr, Opened), FsError> {
+        let p = self.node(parent)?;
+        if self.exists(&p, name)? {
+            if flags & libc::O_EXCL != 0 {
+                return Err(FsError::Exists);
+            }
+            let attr = self.lookup(parent, name)?;
+            let opened = self.open(attr.ino, flags)?;
+            return Ok((attr, opened));
+        }
+        let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let mut backing_file = None;
+        let kind = match self.place(&p, name)? {
+            Place::Plain(rel) | Place::Extra(rel) => {
+                backing_file = Some(
+                    std::fs::OpenOptions::new()
+                        .read(true)
+                        .write(true)
+                        .create_new(true)
+                        .mode(mode & 0o7777)
+                        .open(self.backing.path(&rel))?,
+                );
+                NodeKind::File
+            }
+            Place::Meta(dir) => self.new_temp(&dir.join(METADATA_FILE), mode),
+            Place::Temp(rel) => self.new_temp(&rel, mode),
+            Place::Chunk(array, coords) => {
+                self.shards
+                    .open_for_write(&self.backing, &array, &coords, true)?;
+                NodeKind::Chunk { array, coords }
+            }
+            Place::KeyDir(..) => {
+                return Err(FsError::Invalid("a file named like a key directory".into()));
+            }
+        };
+        let attr = self.enter(parent, name, kind)?;
+        let mut handle = FileHandle::new(attr.ino, writable);
+        handle.backing = backing_file;
+        let fh = self.handles.insert(Handle::File(handle));
+        Ok((
+            attr,
+            Opened {
+                fh,
+                keep_cache: true,
+                direct_io: false,
+            },
+        ))
+    }
+
+    fn new_temp(&self, rel: &Path, mode: u32) -> NodeKind {
+        let file = Arc::new(MemFile::new(FileData::default(), mode & 0o7777));
+        if let Some(old) = self.temps.insert_file(rel, file.clone()) {
+            self.shards.charge(-(old.len() as i64));
+        }
+        NodeKind::Temp(file)
+    }
+
+    pub fn mkdir(&self, parent: Ino, name: &OsStr, mode: u32) -> Result<Attr, FsError> {
+        let p = self.node(parent)?;
+        if self.exists(&p, name)? {
+            return Err(FsError::Exists);
+        }
+        let kind = match self.place(&p, name)? {
+            Place::Plain(rel) => {
+                std::fs::DirBuilder::new()
+                    .mode(mode & 0o7777)
+                    .create(self.backing.path(&rel))?;
+                NodeKind::Dir
+            }
+            Place::Meta(dir) if matches!(p.kind, NodeKind::Dir) => {
+                std::fs::DirBuilder::new()
+                    .mode(mode & 0o7777)
+                    .create(self.backing.path(&dir.join(METADATA_FILE)))?;
+                NodeKind::Dir
+            }
+            Place::KeyDir(array, node, rel) => {
+                self.temps.insert_dir(&rel);
+                NodeKind::ChunkDir { array, node }
+            }
+            Place::Temp(rel) | Place::Extra(rel) => {
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(mode & 0o7777)
+                    .create(self.backing.path(&rel))?;
+                NodeKind::Dir
+            }
+            _ => {
+                return Err(FsError::Invalid(
+                    "a directory named like a chunk or zarr.json".into(),
+                ));
+            }
+        };
+        self.enter(parent, name, kind)
+    }
+
+    /// The content of a file as an in-memory file, without touching its source.
+    fn content_of(&self, kind: &NodeKind, rel: &Path) -> Result<Arc<MemFile>, FsError> {
+        let from_bytes = |b: Bytes| Arc::new(MemFile::new(FileData::from_bytes(b), 0o644));
+        match kind {
+            NodeKind::Temp(f) => Ok(f.clone()),
+            NodeKind::Chunk { array, coords } => {
+                match self.shards.chunk(&self.backing, array, coords)? {
+                    ChunkData::Pending(f) => Ok(f),
+                    ChunkData::Stored(c) => Ok(from_bytes(c.read(&self.backing)?)),
+                    ChunkData::Damaged { path, reason, .. } => {
+                        Err(FsError::DamagedShard { path, reason })
+                    }
+                    ChunkData::Absent => Err(FsError::NotFound),
+                }
+            }
+            NodeKind::File => Ok(from_bytes(Bytes::from(
+                self.backing.read(rel)?.ok_or(FsError::NotFound)?,
+            ))),
+            NodeKind::ArrayMeta(a) => Ok(from_bytes(a.view_json.clone())),
+            NodeKind::GroupMeta(g) => Ok(from_bytes(g.json.clone())),
+            _ => Err(FsError::IsDir),
+        }
+    }
+
+    /// Puts `file` at a place: into a shard, a temporary name, BACKING, or committed as
+    /// metadata. Returns what the name is then.
+    fn put_content(&self, place: &Place, file: Arc<MemFile>) -> Result<NodeKind, FsError> {
+        match place {
+            Place::Chunk(array, coords) => {
+                self.shards.charge(file.len() as i64);
+                self.shards.put(array, coords, file);
+                Ok(NodeKind::Chunk {
+                    array: array.clone(),
+                    coords: coords.clone(),
+                })
+            }
+            Place::Temp(rel) => {
+                self.shards.charge(file.len() as i64);
+                if let Some(old) = self.temps.insert_file(rel, file.clone()) {
+                    self.shards.charge(-(old.len() as i64));
+                }
+                Ok(NodeKind::Temp(file))
+            }
+            Place::Plain(rel) | Place::Extra(rel) => {
+                self.backing
+                    .write_atomic(rel, &file.snapshot().data.segments(), false)?;
+                Ok(NodeKind::File)
+            }
+            Place::Meta(dir) => {
+                let data = file.snapshot().data;
+                self.commit_metadata(dir, &data.read(0, data.len()))?;
+                self.resolve_path(&dir.join(METADATA_FILE))
+            }
+            Place::KeyDir(..) => Err(FsError::IsDir),
+        }
+    }
+
+    /// Removes a file's name and content at its source (after its content was taken).
+    fn remove_content(&self, kind: &NodeKind, rel: &Path) -> Result<(), FsError> {
+        match kind {
+            NodeKind::Temp(f) => {
+                if self.temps.file(rel).is_some_and(|t| Arc::ptr_eq(&t, f)) {
+                    self.temps.remove_file(rel);
+                    self.shards.charge(-(f.len() as i64));
+                }
+                Ok(())
+            }
+            NodeKind::Chunk { array, coords } => {
+                self.shards.delete(&self.backing, array, coords)?;
+                Ok(())
+            }
+            _ => {
+                self.backing.remove_file(rel)?;
+                Ok(())
+            }
+        }
+    }
+
+    /// Before a name is unlinked or replaced: an open file keeps what it had.
+    fn detach_name(&self, parent: Ino, name: &OsStr, kind: &NodeKind, rel: &Path) {
+        let Some(ino) = self.inodes.peek(parent, name) else {
+            return;
+        };
+        let orphan = if self.handles.is_open(ino) {
+            match kind {
+                NodeKind::Chunk { .. } | NodeKind::Temp(_) => {
+                    self.content_of(kind, rel).ok().map(NodeKind::Temp)
+                }
+                _ => None,
+            }
+        } else {
+            None
+        };
+        self.inodes.detach(parent, name, orphan);
+    }
+
+    pub fn unlink(&self, parent: Ino, name: &OsStr) -> Result<(), FsError> {
+        let p = self.node(parent)?;
+        let rel = join_rel(&p.rel, name);
+        let kind = self.resolve(&p, name)?;
+        match &kind {
+            NodeKind::Dir | NodeKind::ArrayDir(_) | NodeKind::ChunkDir { .. } => {
+                return Err(FsError::IsDir);
+            }
+            NodeKind::Control => return Err(FsError::NotPermitted("the control file")),
+            NodeKind::ArrayMeta(array) => {
+                // The metadata goes last: everything pending is written while it is there.
+                self.flush_array_at(&array.rel)?;
+                self.backing.remove_file(&rel)?;
+                self.shards.forget_array(&array.rel);
+                self.temps.forget_below(&array.rel);
+            }
+            NodeKind::Chunk { array, coords } => {
+                self.detach_name(parent, name, &kind, &rel);
+                if !self.shards.delete(&self.backing, array, coords)? {
+                    return Err(FsError::NotFound);
+                }
+                return self.complete_if_ready(array, coords);
+            }
+            NodeKind::Temp(_) => {
+                self.detach_name(parent, name, &kind, &rel);
+                self.remove_content(&kind, &rel)?;
+                return Ok(());
+            }
+            _ => {
+                if !self.backing.remove_file(&rel)? {
+                    return Err(FsError::NotFound);
+                }
+            }
+        }
+        self.detach_name(parent, name, &kind, &rel);
+        Ok(())
+    }
+
+    pub fn rmdir(&self, parent: Ino, name: &OsStr) -> Result<(), FsError> {
+        let p = self.node(parent)?;
+        let rel = join_rel(&p.rel, name);
+        let kind = match self.resolve(&p, name) {
+            Ok(k) => k,
+            // A key directory whose last chunk was just removed: still the kernel's to rmdir.
+            Err(FsError::NotFound) => match self.place(&p, name)? {
+                Place::KeyDir(array, node, _) => NodeKind::ChunkDir { array, node },
+                _ => return Err(FsError::NotFound),
+            },
+            Err(e) => return Err(e),
+        };
+        match &kind {
+            NodeKind::ChunkDir { array, node } => {
+                let extras = self.backing.list(&rel)?.into_iter().any(|e| {
+                    e.name
+                        .to_str()
+                        .is_none_or(|n| array.classify_name(node, n) == ArrayName::Other)
+                });
+                if extras
+                    || self.temps.any_below(&rel)
+                    || self.shards.has_chunks_below(&self.backing, array, node)?
+                {
+                    return Err(FsError::NotEmpty);
+                }
+                self.temps.remove_dir(&rel);
+            }
+            // Its zarr.json is still there.
+            NodeKind::ArrayDir(_) => return Err(FsError::NotEmpty),
+            NodeKind::Dir => {
+                if self.temps.any_below(&rel) {
+                    return Err(FsError::NotEmpty);
+                }
+                std::fs::remove_dir(self.backing.path(&rel))?;
+                self.shards.forget_array(&rel);
+                self.temps.forget_below(&rel);
+            }
+            _ => return Err(FsError::NotDir),
+        }
+        self.inodes.detach(parent, name, None);
+        Ok(())
+    }
+
+    pub fn rename(
+        &self,
+        parent: Ino,
+        name: &OsStr,
+        newparent: Ino,
+        newname: &OsStr,
+        flags: RenameFlags,
+    ) -> Result<(), FsError> {
+        let sp = self.node(parent)?;
+        let dp = self.node(newparent)?;
+        let src_rel = join_rel(&sp.rel, name);
+        let dst_rel = join_rel(&dp.rel, newname);
+        let src = self.resolve(&sp, name)?;
+        let dst = match self.resolve(&dp, newname) {
+            Ok(k) => Some(k),
+            Err(FsError::NotFound) => None,
+            Err(e) => return Err(e),
+        };
+        if flags.noreplace && dst.is_some() {
+            return Err(FsError::Exists);
+        }
+        if src_rel == dst_rel {
+            return Ok(());
+        }
+        let place = self.place(&dp, newname)?;
+        if flags.exchange {
+            return self.exchange(
+                &src,
+                &src_rel,
+                dst.as_ref(),
+                &place,
+                (parent, name),
+                (newparent, newname),
+            );
+        }
+        let src_ino = self.inodes.peek(parent, name);
+        let new_kind = match (&src, &place) {
+            (NodeKind::ChunkDir { .. }, _) | (_, Place::KeyDir(..)) => {
+                return Err(FsError::CrossDevice("key directories do not move"));
+            }
+            (
+                NodeKind::Dir | NodeKind::ArrayDir(_),
+                Place::Plain(to) | Place::Extra(to) | Place::Temp(to),
+            ) => {
+                self.flush_below(&src_rel)?;
+                if let Some(dir) = to.parent() {
+                    std::fs::create_dir_all(self.backing.path(dir))?;
+                }
+                std::fs::rename(self.backing.path(&src_rel), self.backing.path(to))?;
+                self.shards.forget_array(&src_rel);
+                self.temps.forget_below(&src_rel);
+                self.resolve_path(to)?
+            }
+            (NodeKind::Dir | NodeKind::ArrayDir(_), _) => {
+                return Err(FsError::Invalid("a directory cannot become a file".into()));
+            }
+            // A BACKING file staying a BACKING file: a plain rename.
+            (
+                NodeKind::File | NodeKind::Symlink | NodeKind::Other,
+                Place::Plain(to) | Place::Extra(to) | Place::Temp(to),
+            ) if !matches!(dst, Some(NodeKind::Temp(_))) => {
+                if let Some(dir) = to.parent() {
+                    std::fs::create_dir_all(self.backing.path(dir))?;
+                }
+                if let Some(d) = &dst {
+                    self.detach_name(newparent, newname, d, &dst_rel);
+                }
+                std::fs::rename(self.backing.path(&src_rel), self.backing.path(to))?;
+                src.clone()
+            }
+            (NodeKind::Symlink | NodeKind::Other, _) => {
+                return Err(FsError::NotPermitted("special files inside arrays"));
+            }
+            (NodeKind::Control, _) => return Err(FsError::NotPermitted("the control file")),
+            // Everything else moves content: into a shard, memory, BACKING or metadata.
+            _ => {
+                let content = self.content_of(&src, &src_rel)?;
+                if let Some(d) = &dst {
+                    self.detach_name(newparent, newname, d, &dst_rel);
+                }
+                if let NodeKind::ArrayMeta(array) = &src {
+                    self.flush_array_at(&array.rel)?;
+                }
+                // Metadata first: a refused document leaves the source untouched.
+                if let Place::Meta(_) = place {
+                    let kind = self.put_content(&place, content)?;
+                    self.remove_content(&src, &src_rel)?;
+                    kind
+                } else {
+                    self.remove_content(&src, &src_rel)?;
+                    self.put_content(&place, content)?
+                }
+            }
+        };
+        match src_ino {
+            Some(ino) => self
+                .inodes
+                .rename(ino, newparent, newname, new_kind.clone()),
+            None => {
+                self.inodes.detach(newparent, newname, None);
+            }
+        }
+        // A chunk that left a shard, or arrived closed, may complete it.
+        let mut result = Ok(());
+        if let NodeKind::Chunk { array, coords } = &src
+            && let Err(e) = self.complete_if_ready(array, coords)
+        {
+            result = Err(e);
+        }
+        if let NodeKind::Chunk { array, coords } = &new_kind
+            && let Err(e) = self.complete_if_ready(array, coords)
+        {
+            result = result.and(Err(e));
+        }
+        result
+    }
+
+    fn exchange(
+        &self,
+        src: &NodeKind,
+        src_rel: &Path,
+        dst: Option<&NodeKind>,
+        place: &Place,
+        from: (Ino, &OsStr),
+        to: (Ino, &OsStr),
+    ) -> Result<(), FsError> {
+        let plain = |k: &NodeKind| matches!(k, NodeKind::File | NodeKind::Dir | NodeKind::Symlink);
+        let (Some(dst), Place::Plain(dst_rel) | Place::Extra(dst_rel)) = (dst, place) else {
+            return Err(FsError::Invalid(
+                "exchange with a name that does not exist".into(),
+            ));
+        };
+        if !plain(src) || !plain(dst) {
+            return Err(FsError::Invalid(
+                "exchange of names shardfs translates".into(),
+            ));
+        }
+        let a = std::ffi::CString::new(
+            self.backing
+                .path(src_rel)
+                .into_os_string()
+                .into_encoded_bytes(),
+        )
+        .map_err(|_| FsError::Invalid("NUL in a path".into()))?;
+        let b = std::ffi::CString::new(
+            self.backing
+                .path(dst_rel)
+                .into_os_string()
+                .into_encoded_bytes(),
+        )
+        .map_err(|_| FsError::Invalid("NUL in a path".into()))?;
+        // SAFETY: both are valid C strings; AT_FDCWD with absolute paths.
+        let rc = unsafe {
+            libc::renameat2(
+                libc::AT_FDCWD,
+                a.as_ptr(),
+                libc::AT_FDCWD,
+                b.as_ptr(),
+                libc::RENAME_EXCHANGE,
+            )
+        };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        self.inodes.detach(from.0, from.1, None);
+        self.inodes.detach(to.0, to.1, None);
+        Ok(())
+    }
+
+    /// Writes everything pending below `rel` (before the directory moves).
+    fn flush_below(&self, rel: &Path) -> Result<(), FsError> {
+        for (path, file) in self.temps.all_files() {
+            if path.starts_with(rel) {
+                self.persist_temp(&path, &file)?;
+            }
+        }
+        let arrays: std::collections::BTreeSet<PathBuf> = self
+            .shards
+            .pending()
+            .into_iter()
+            .filter(|p| p.array.starts_with(rel))
+            .map(|p| p.array)
+            .collect();
+        for array in arrays {
+            self.flush_array_at(&array)?;
+        }
+        Ok(())
+    }
+
+    pub fn link(&self, ino: Ino, newparent: Ino, newname: &OsStr) -> Result<Attr, FsError> {
+        let src = self.node(ino)?;
+        let dp = self.node(newparent)?;
+        if self.exists(&dp, newname)? {
+            return Err(FsError::Exists);
+        }
+        let place = self.place(&dp, newname)?;
+        let kind = match (&src.kind, &place) {
+            (NodeKind::File, Place::Plain(to) | Place::Extra(to)) => {
+                std::fs::hard_link(self.backing.path(&src.rel), self.backing.path(to))?;
+                NodeKind::File
+            }
+            (NodeKind::Dir | NodeKind::ArrayDir(_) | NodeKind::ChunkDir { .. }, _) => {
+                return Err(FsError::NotPermitted("hard links to directories"));
+            }
+            // Elsewhere a link is a copy that shares the bytes (no data is copied).
+            _ => {
+                let content = self.content_of(&src.kind, &src.rel)?;
+                let copy = Arc::new(MemFile::new(content.snapshot().data, 0o644));
+                self.put_content(&place, copy)?
+            }
+        };
+        let attr = self.enter(newparent, newname, kind.clone())?;
+        if let NodeKind::Chunk { array, coords } = &kind {
+            self.complete_if_ready(array, coords)?;
+        }
+        Ok(attr)
+    }
+
+    pub fn symlink(&self, parent: Ino, name: &OsStr, target: &Path) -> Result<Attr, FsError> {
+        let p = self.node(parent)?;
+        if self.exists(&p, name)? {
+            return Err(FsError::Exists);
+        }
+        match self.place(&p, name)? {
+            Place::Plain(rel) | Place::Temp(rel) | Place::Extra(rel) => {
+                std::os::unix::fs::symlink(target, self.backing.path(&rel))?;
+            }
+            _ => return Err(FsError::NotPermitted("symbolic links named like chunks")),
+        }
+        self.enter(parent, name, NodeKind::Symlink)
+    }
+
+    /// The writes of the control file: `flush` writes everything pending now.
+    pub fn control_command(&self, command: &str) -> Result<(), FsError> {
+        match command.trim() {
+            "flush" => {
+                let failed = self.flush_all();
+                if failed.is_empty() {
+                    Ok(())
+                } else {
+                    for f in &failed {
+                        warn!("not written: {f}");
+                    }
+                    Err(FsError::Failed(failed.join("; "), libc::EIO))
+                }
+            }
+            other => Err(FsError::Invalid(format!(
+                "unknown control command {other:?}"
+            ))),
+        }
+    }
+
+    /// Whether `fh` is open on the control file.
+    pub fn is_control(&self, fh: u64) -> bool {
+        matches!(self.handles.get(fh).as_deref(), Ok(Handle::File(h))
+            if matches!(self.inodes.get(h.ino).map(|i| i.kind), Some(NodeKind::Control)))
+    }
+}

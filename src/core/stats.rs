@@ -1,0 +1,60 @@
+//! Counters of what the mount wrote, for `shardfs stats`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
+
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Shard files written (each one vectored write of a whole shard).
+    pub shards_written: AtomicU64,
+    /// Of those, written while some of the shard was still missing (idle, fsync, memory,
+    /// unmount).
+    pub partial_writes: AtomicU64,
+    /// Writes that had to read chunks back from the existing shard file.
+    pub merges: AtomicU64,
+    /// Shard files removed because no chunk was left in them.
+    pub shards_deleted: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub write_errors: AtomicU64,
+    /// Temporary files that were never renamed, written to BACKING as they are.
+    pub temp_files_persisted: AtomicU64,
+}
+
+/// A moment's reading of the counters plus the pending state.
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
+pub struct StatsReport {
+    pub pending_shards: u64,
+    pub pending_chunks: u64,
+    pub pending_bytes: u64,
+    pub temp_files: u64,
+    pub shards_written: u64,
+    pub partial_writes: u64,
+    pub merges: u64,
+    pub shards_deleted: u64,
+    pub bytes_written: u64,
+    pub write_errors: u64,
+    pub temp_files_persisted: u64,
+    /// Shards whose last write failed, with the error.
+    pub failed: Vec<String>,
+}
+
+impl Stats {
+    pub fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn report(&self) -> StatsReport {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        StatsReport {
+            shards_written: get(&self.shards_written),
+            partial_writes: get(&self.partial_writes),
+            merges: get(&self.merges),
+            shards_deleted: get(&self.shards_deleted),
+            bytes_written: get(&self.bytes_written),
+            write_errors: get(&self.write_errors),
+            temp_files_persisted: get(&self.temp_files_persisted),
+            ..StatsReport::default()
+        }
+    }
+}

@@ -1,0 +1,346 @@
+//! Writing: data into chunk files and temporary files (held in memory) or BACKING files;
+//! FLUSH, where a chunk's content becomes final and its shard may be complete; fsync, where
+//! pending data is made durable; truncation and other attribute changes.
+
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use bytes::Bytes;
+use tracing::warn;
+
+use super::ShardFs;
+use super::array::ArrayState;
+use super::attr::Attr;
+use super::error::FsError;
+use super::handle::Handle;
+use super::inode::{Ino, NodeKind};
+use super::memfile::MemFile;
+use super::shards::{ChunkData, WriteMode};
+use crate::zarr::{KeyNode, METADATA_FILE};
+
+/// Attribute changes asked for by `setattr`.
+#[derive(Clone, Debug, Default)]
+pub struct SetAttr {
+    pub size: Option<u64>,
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub atime: Option<SystemTime>,
+    pub mtime: Option<SystemTime>,
+    pub fh: Option<u64>,
+}
+
+impl ShardFs {
+    /// Counts `delta` bytes for `file` when it is held by a name (not an orphan).
+    pub(crate) fn charge_temp(&self, file: &Arc<MemFile>, delta: i64) {
+        if delta != 0 && self.temps.holds(file) {
+            self.shards.charge(delta);
+        }
+    }
+
+    /// The in-memory file that writes to inode `info` go to, made if needed.
+    fn write_target(&self, kind: &NodeKind) -> Result<Option<Arc<MemFile>>, FsError> {
+        Ok(match kind {
+            NodeKind::Temp(file) => Some(file.clone()),
+            NodeKind::Chunk { array, coords } => {
+                Some(
+                    self.shards
+                        .open_for_write(&self.backing, array, coords, false)?,
+                )
+            }
+            _ => None,
+        })
+    }
+
+    /// Writes `data` at `offset`. Data for chunk and temporary files is copied once, from
+    /// the request into a `Bytes` segment, and kept as that segment until its shard is
+    /// written.
+    pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32, FsError> {
+        let handle = self.handles.file(fh)?;
+        let Handle::File(h) = handle.as_ref() else {
+            return Err(FsError::IsDir);
+        };
+        if !h.writable {
+            return Err(FsError::BadHandle);
+        }
+        if let Some(file) = &h.backing {
+            file.write_all_at(data, offset)?;
+            return Ok(data.len() as u32);
+        }
+        let info = self.node(h.ino)?;
+        let Some(target) = self.write_target(&info.kind)? else {
+            // A temporary file that went to BACKING while this handle was open.
+            if matches!(info.kind, NodeKind::File) {
+                let file = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(self.backing.path(&info.rel))?;
+                file.write_all_at(data, offset)?;
+                return Ok(data.len() as u32);
+            }
+            return Err(FsError::BadHandle);
+        };
+        h.mark_dirty(&target);
+        let segment = Bytes::copy_from_slice(data);
+        let delta = target.change(|d| d.write(offset, segment));
+        match &info.kind {
+            NodeKind::Chunk { .. } => self.shards.charge(delta),
+            _ => self.charge_temp(&target, delta),
+        }
+        self.relieve_memory();
+        Ok(data.len() as u32)
+    }
+
+    /// FLUSH, sent at every close: the content this handle wrote is final. A chunk whose
+    /// writers are all done may complete its shard, which is then written before the close
+    /// returns (so that the writer sees a failure); a `zarr.json` is committed.
+    pub fn flush(&self, fh: u64) -> Result<(), FsError> {
+        let handle = self.handles.file(fh)?;
+        let Handle::File(h) = handle.as_ref() else {
+            return Ok(());
+        };
+        let Some(file) = h.take_dirty() else {
+            return Ok(());
+        };
+        if !file.settled() {
+            return Ok(());
+        }
+        let info = self.node(h.ino)?;
+        match &info.kind {
+            NodeKind::Chunk { array, coords } => {
+                self.shards.settle(array, coords);
+                self.complete_if_ready(array, coords)
+            }
+            NodeKind::Temp(f)
+                if !info.detached && info.rel.file_name() == Some(METADATA_FILE.as_ref()) =>
+            {
+                let content = f.snapshot().data;
+                let bytes: Vec<u8> = content.read(0, content.len());
+                let dir = info.rel.parent().unwrap_or(Path::new("")).to_path_buf();
+                self.commit_metadata(&dir, &bytes)?;
+                if let Some(old) = self.temps.remove_file(&info.rel) {
+                    self.shards.charge(-(old.len() as i64));
+                }
+                self.inodes.rekind_file(f, self.resolve_path(&info.rel)?);
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// RELEASE: the last close of a handle. A handle that wrote and was never flushed (the
+    /// kernel skips FLUSH in some paths) is flushed now.
+    pub fn release(&self, fh: u64) -> Result<(), FsError> {
+        let dirty = match self.handles.get(fh)?.as_ref() {
+            Handle::File(f) => super::array::lock(&f.dirty).is_some(),
+            Handle::Dir(_) => false,
+        };
+        let result = if dirty { self.flush(fh) } else { Ok(()) };
+        self.handles.remove(fh);
+        result
+    }
+
+    /// Writes the shard holding `coords` when it is complete, and reports a failure of the
+    /// last write of that shard.
+    pub(crate) fn complete_if_ready(
+        &self,
+        array: &ArrayState,
+        coords: &[u64],
+    ) -> Result<(), FsError> {
+        let shard = array.layout.locate(coords).shard;
+        if self.shards.ready(&self.backing, array, &shard) {
+            return self.shards.write_shard(
+                &self.backing,
+                array,
+                &shard,
+                WriteMode::Complete,
+                false,
+            );
+        }
+        match self.shards.failure(array, &shard) {
+            Some(f) => Err(FsError::Failed(f.message, f.errno)),
+            None => Ok(()),
+        }
+    }
+
+    /// fsync of a file: its data is made durable. For a chunk, its shard is written now,
+    /// merged over the shard file, and synced with its directory.
+    pub fn fsync(&self, ino: Ino, fh: Option<u64>) -> Result<(), FsError> {
+        let info = self.node(ino)?;
+        match &info.kind {
+            NodeKind::Chunk { array, coords } => {
+                let shard = array.layout.locate(coords).shard;
+                self.shards
+                    .write_shard(&self.backing, array, &shard, WriteMode::Everything, true)
+            }
+            NodeKind::Temp(file)
+                if !info.detached && info.rel.file_name() == Some(METADATA_FILE.as_ref()) =>
+            {
+                let _ = file;
+                if let Some(fh) = fh {
+                    self.flush(fh)?;
+                }
+                Ok(())
+            }
+            // A temporary file is only ever a step towards a rename; its durability comes
+            // with the chunk it becomes (written by the fsync of that chunk or its
+            // directory). Until then, nothing of it is promised.
+            NodeKind::Temp(_) => Ok(()),
+            NodeKind::File => {
+                if let Some(Ok(h)) = fh.map(|fh| self.handles.get(fh))
+                    && let Handle::File(f) = h.as_ref()
+                    && let Some(file) = &f.backing
+                {
+                    file.sync_all()?;
+                    return Ok(());
+                }
+                self.backing.open(&info.rel)?.sync_all()?;
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// fsync of a directory: every pending chunk below it is made durable.
+    pub fn fsyncdir(&self, ino: Ino) -> Result<(), FsError> {
+        let info = self.node(ino)?;
+        match &info.kind {
+            NodeKind::ArrayDir(array) => self.flush_array_below(array, &KeyNode::Root),
+            NodeKind::ChunkDir { array, node } => self.flush_array_below(array, node),
+            NodeKind::Dir => {
+                self.backing.sync_dir(&info.rel)?;
+                Ok(())
+            }
+            _ => Err(FsError::NotDir),
+        }
+    }
+
+    /// Writes, durably, every pending shard of `array` that holds chunks below `node`.
+    fn flush_array_below(&self, array: &ArrayState, node: &KeyNode) -> Result<(), FsError> {
+        let cps = array.layout.chunks_per_shard();
+        let shard_prefix: Vec<u64> = node.prefix().iter().zip(cps).map(|(c, n)| c / n).collect();
+        let mut first_error = None;
+        for p in self.shards.pending() {
+            if p.array == array.rel && p.shard.starts_with(&shard_prefix) {
+                let r = self.shards.write_shard(
+                    &self.backing,
+                    array,
+                    &p.shard,
+                    WriteMode::Everything,
+                    true,
+                );
+                if let Err(e) = r {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    pub fn setattr(&self, ino: Ino, set: &SetAttr) -> Result<Attr, FsError> {
+        let info = self.node(ino)?;
+        match &info.kind {
+            NodeKind::File | NodeKind::Dir | NodeKind::ArrayDir(_) | NodeKind::Symlink => {
+                let path = self.backing.path(&info.rel);
+                if let Some(size) = set.size {
+                    std::fs::OpenOptions::new()
+                        .write(true)
+                        .open(&path)?
+                        .set_len(size)?;
+                }
+                if let Some(mode) = set.mode {
+                    use std::os::unix::fs::PermissionsExt;
+                    std::fs::set_permissions(
+                        &path,
+                        std::fs::Permissions::from_mode(mode & 0o7777),
+                    )?;
+                }
+                if set.uid.is_some() || set.gid.is_some() {
+                    std::os::unix::fs::lchown(&path, set.uid, set.gid)?;
+                }
+                if set.atime.is_some() || set.mtime.is_some() {
+                    let file = std::fs::File::open(&path)?;
+                    let mut times = std::fs::FileTimes::new();
+                    if let Some(t) = set.atime {
+                        times = times.set_accessed(t);
+                    }
+                    if let Some(t) = set.mtime {
+                        times = times.set_modified(t);
+                    }
+                    file.set_times(times)?;
+                }
+            }
+            NodeKind::Temp(_) | NodeKind::Chunk { .. } => {
+                if let Some(size) = set.size {
+                    let target = match &info.kind {
+                        NodeKind::Chunk { array, coords } => {
+                            self.shards
+                                .open_for_write(&self.backing, array, coords, size == 0)?
+                        }
+                        NodeKind::Temp(f) => f.clone(),
+                        _ => unreachable!("matched above"),
+                    };
+                    let delta = target.change(|d| d.truncate(size));
+                    match &info.kind {
+                        NodeKind::Chunk { .. } => self.shards.charge(delta),
+                        _ => self.charge_temp(&target, delta),
+                    }
+                    // A truncation through an open handle counts as that handle's write.
+                    if let Some(Ok(h)) = set.fh.map(|fh| self.handles.get(fh))
+                        && let Handle::File(f) = h.as_ref()
+                        && f.writable
+                    {
+                        f.mark_dirty(&target);
+                    }
+                }
+                // Permissions and times of files in memory: kept for what they report.
+                let file = match &info.kind {
+                    NodeKind::Temp(f) => Some(f.clone()),
+                    NodeKind::Chunk { array, coords } => {
+                        match self.shards.chunk(&self.backing, array, coords)? {
+                            ChunkData::Pending(f) => Some(f),
+                            _ => None,
+                        }
+                    }
+                    _ => None,
+                };
+                if let Some(f) = file {
+                    f.with(|s| {
+                        if let Some(mode) = set.mode {
+                            s.mode = mode & 0o7777;
+                        }
+                        if let Some(t) = set.mtime {
+                            s.mtime = t;
+                        }
+                    });
+                }
+            }
+            // Translated documents, key directories, the control file: accepted, unchanged.
+            _ => {
+                if set.size.is_some() {
+                    warn!(path = %info.rel.display(), "truncation of a read-only document refused");
+                    return Err(FsError::NotPermitted("truncating a translated document"));
+                }
+            }
+        }
+        self.getattr(ino)
+    }
+
+    /// What the name at `rel` is now, resolved name by name from the root without
+    /// touching the inode table (for an inode whose file just moved).
+    pub(crate) fn resolve_path(&self, rel: &Path) -> Result<NodeKind, FsError> {
+        let mut info = self.node(super::ROOT)?;
+        for part in rel.components() {
+            let name = part.as_os_str();
+            let kind = self.resolve(&info, name)?;
+            info = super::inode::NodeInfo {
+                ino: 0,
+                rel: crate::backing::join_rel(&info.rel, name),
+                kind,
+                detached: false,
+            };
+        }
+        Ok(info.kind)
+    }
+}
