@@ -2,19 +2,24 @@
 //! the layout an existing array already has); a group's consolidated metadata is stored
 //! with its entries sharded the same way; anything else is stored as written.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use tracing::{info, warn};
 
 use super::ShardFs;
+use super::array::ArrayState;
 use super::error::FsError;
+use super::lookup::ArrayName;
+use super::memfile::{FileData, MemFile};
 use super::shards::WriteMode;
+use crate::backing::FileVersion;
 use crate::shard::IndexLocation;
 use crate::zarr::layout::{SHARDING_CODEC, regular_chunk_shape};
 use crate::zarr::{
-    ArrayMetadata, LayoutError, METADATA_FILE, Node, sharded_with, translate_consolidated,
-    unsharded_view,
+    ArrayMetadata, KeyNode, LayoutError, METADATA_FILE, Node, ShardLayout, sharded_with,
+    translate_consolidated, unsharded_view,
 };
 
 impl ShardFs {
@@ -39,6 +44,18 @@ impl ShardFs {
                     ));
                 }
                 match self.sharded_form(dir, &meta) {
+                    Ok(sharded) if self.array_at(dir)?.is_none() => {
+                        // Nothing new may appear in plain directories until the array
+                        // exists, so that every chunk file written before is imported.
+                        let _exclusive =
+                            self.plain_names.write().unwrap_or_else(|e| e.into_inner());
+                        self.import_plain_chunks(dir, &sharded)?;
+                        let doc_bytes = Node::Array(sharded).to_json_bytes();
+                        self.backing
+                            .write_atomic(&doc, &[Bytes::from(doc_bytes)], false)?;
+                        self.inodes.bump_generation();
+                        return Ok(());
+                    }
                     Ok(sharded) => Node::Array(sharded).to_json_bytes(),
                     Err(e) if e.is_invalid_metadata() || matches!(e, LayoutError::Policy(_)) => {
                         warn!(file = %shown.display(), "refused: {e}");
@@ -74,6 +91,9 @@ impl ShardFs {
         };
         self.backing
             .write_atomic(&doc, &[Bytes::from(stored)], false)?;
+        // Names below may now be chunk keys (or no longer): the kernel's inodes for them
+        // are decided again.
+        self.inodes.bump_generation();
         Ok(())
     }
 
@@ -115,6 +135,90 @@ impl ShardFs {
             }
         };
         sharded_with(meta, &cps, location)
+    }
+
+    /// Writers that copy a tree (cp -r, rsync) may write an array's chunk files before its
+    /// `zarr.json`: those landed in BACKING as plain files. When the metadata arrives they
+    /// become chunks: read into their shards, the shards written (a chunk file's path may
+    /// be the path of a shard, which then replaces it), the other chunk files removed, and
+    /// only then the metadata stored. Directories on chunk-key paths stay visible.
+    fn import_plain_chunks(&self, dir: &Path, sharded: &ArrayMetadata) -> Result<(), FsError> {
+        let Ok(Some(layout)) = ShardLayout::of(sharded) else {
+            return Ok(());
+        };
+        let Ok(view) = unsharded_view(sharded) else {
+            return Ok(());
+        };
+        let array = ArrayState {
+            rel: dir.to_path_buf(),
+            meta: sharded.clone(),
+            layout,
+            view_json: Bytes::from(Node::Array(view).to_json_bytes()),
+            meta_version: FileVersion {
+                ino: 0,
+                size: 0,
+                mtime_ns: 0,
+            },
+            meta_mtime: std::time::SystemTime::now(),
+        };
+        let mut chunk_files = Vec::new();
+        let mut key_dirs = Vec::new();
+        self.collect_chunk_files(&array, dir, &KeyNode::Root, &mut chunk_files, &mut key_dirs)?;
+        for d in &key_dirs {
+            self.temps.insert_dir(d);
+        }
+        if chunk_files.is_empty() {
+            return Ok(());
+        }
+        let mut shards = std::collections::BTreeSet::new();
+        for (coords, rel) in &chunk_files {
+            let data = self.backing.read(rel)?.unwrap_or_default();
+            let file = Arc::new(MemFile::new(FileData::from_bytes(Bytes::from(data)), 0o644));
+            self.shards.charge(file.len() as i64);
+            self.shards.put(&array, coords, file);
+            shards.insert(array.layout.locate(coords).shard);
+        }
+        // A chunk file may sit at a shard's path: the shard replaces it atomically, so the
+        // path always holds one or the other, whole.
+        for shard in &shards {
+            self.shards
+                .write_shard(&self.backing, &array, shard, WriteMode::Replace, false)?;
+        }
+        let shard_paths: std::collections::BTreeSet<PathBuf> =
+            shards.iter().map(|s| array.shard_rel(s)).collect();
+        for (_, rel) in &chunk_files {
+            if !shard_paths.contains(rel) {
+                self.backing.remove_file(rel)?;
+            }
+        }
+        info!(array = %self.backing.path(dir).display(), chunks = chunk_files.len(),
+            shards = shards.len(), "chunk files written before the metadata moved into shards");
+        Ok(())
+    }
+
+    fn collect_chunk_files(
+        &self,
+        array: &ArrayState,
+        rel: &Path,
+        node: &KeyNode,
+        files: &mut Vec<(Vec<u64>, PathBuf)>,
+        dirs: &mut Vec<PathBuf>,
+    ) -> Result<(), FsError> {
+        for entry in self.backing.list(rel)? {
+            let Some(name) = entry.name.to_str() else {
+                continue;
+            };
+            let path = rel.join(name);
+            match (array.classify_name(node, name), entry.file_type.is_dir()) {
+                (ArrayName::Key(KeyNode::Chunk(coords)), false) => files.push((coords, path)),
+                (ArrayName::Key(child @ KeyNode::Dir(_)), true) => {
+                    dirs.push(path.clone());
+                    self.collect_chunk_files(array, &path, &child, files, dirs)?;
+                }
+                _ => {}
+            }
+        }
+        Ok(())
     }
 
     /// Writes every pending shard of the array at `dir`, if it is one.

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::array::{ArrayState, lock};
@@ -109,6 +110,8 @@ struct Inode {
     name: OsString,
     kind: NodeKind,
     lookups: u64,
+    /// The table's generation when `kind` was decided.
+    generation: u64,
 }
 
 #[derive(Debug)]
@@ -121,6 +124,10 @@ struct Inner {
 #[derive(Debug)]
 pub struct InodeTable {
     inner: Mutex<Inner>,
+    /// Bumped whenever names may have changed what they are without the kernel asking
+    /// (a directory became an array, or stopped being one): kinds decided before are
+    /// decided again.
+    generation: AtomicU64,
 }
 
 /// An inode as seen at one moment: where it is and what it is.
@@ -131,6 +138,10 @@ pub struct NodeInfo {
     pub rel: PathBuf,
     pub kind: NodeKind,
     pub detached: bool,
+    pub parent: Ino,
+    pub name: OsString,
+    /// Whether `kind` was decided before the last generation bump.
+    pub outdated: bool,
 }
 
 impl Default for InodeTable {
@@ -149,6 +160,7 @@ impl InodeTable {
                 name: OsString::new(),
                 kind: NodeKind::Dir,
                 lookups: 1,
+                generation: 0,
             },
         );
         InodeTable {
@@ -157,6 +169,7 @@ impl InodeTable {
                 by_name: HashMap::new(),
                 next: ROOT + 1,
             }),
+            generation: AtomicU64::new(0),
         }
     }
 
@@ -169,12 +182,16 @@ impl InodeTable {
             rel: path_of(&inner, ino).unwrap_or_default(),
             kind: node.kind.clone(),
             detached: node.parent == DETACHED,
+            parent: node.parent,
+            name: node.name.clone(),
+            outdated: node.generation != self.generation.load(Ordering::Relaxed),
         })
     }
 
     /// Records one kernel lookup of `name` in `parent`, which is `kind`. The inode of that
     /// name is reused when it is still the same type of file.
     pub fn lookup(&self, parent: Ino, name: &OsStr, kind: NodeKind) -> Ino {
+        let generation = self.generation.load(Ordering::Relaxed);
         let mut inner = lock(&self.inner);
         let key = (parent, name.to_os_string());
         if let Some(&ino) = inner.by_name.get(&key)
@@ -183,6 +200,7 @@ impl InodeTable {
         {
             node.kind = kind;
             node.lookups += 1;
+            node.generation = generation;
             return ino;
         }
         let ino = inner.next;
@@ -194,6 +212,7 @@ impl InodeTable {
                 name: name.to_os_string(),
                 kind,
                 lookups: 1,
+                generation,
             },
         );
         inner.by_name.insert(key, ino);
@@ -202,9 +221,16 @@ impl InodeTable {
 
     /// Replaces what `ino` is, keeping its name.
     pub fn set_kind(&self, ino: Ino, kind: NodeKind) {
+        let generation = self.generation.load(Ordering::Relaxed);
         if let Some(node) = lock(&self.inner).nodes.get_mut(&ino) {
             node.kind = kind;
+            node.generation = generation;
         }
+    }
+
+    /// Makes every kind decided so far be decided again when next used.
+    pub fn bump_generation(&self) {
+        self.generation.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Turns every inode that refers to the in-memory `file` into `kind` (the file moved to
@@ -251,6 +277,7 @@ impl InodeTable {
         node.parent = parent;
         node.name = name.to_os_string();
         node.kind = kind;
+        node.generation = self.generation.load(Ordering::Relaxed);
         if inner.by_name.get(&old_key) == Some(&ino) {
             inner.by_name.remove(&old_key);
         }

@@ -84,6 +84,10 @@ pub struct ShardFs {
     pub(crate) temps: TempNames,
     pub(crate) config: WriteConfig,
     pub(crate) daemon: DaemonInfo,
+    /// Held (shared) while a file or directory is made in a plain directory, and
+    /// exclusively while a directory becomes an array: chunk files written before the
+    /// metadata are all moved into shards, none slips in between.
+    pub(crate) plain_names: std::sync::RwLock<()>,
 }
 
 impl ShardFs {
@@ -101,6 +105,7 @@ impl ShardFs {
             temps: TempNames::default(),
             config,
             daemon,
+            plain_names: std::sync::RwLock::new(()),
         }
     }
 

@@ -84,6 +84,27 @@ impl ShardFs {
         })
     }
 
+    /// Where `name` in `parent` goes. A name made in a plain directory holds
+    /// `plain_names` shared, and is placed again once held (the directory may have become
+    /// an array meanwhile).
+    fn place_held(
+        &self,
+        parent: Ino,
+        name: &OsStr,
+    ) -> Result<(NodeInfo, Place, Option<std::sync::RwLockReadGuard<'_, ()>>), FsError> {
+        let plain = |p: &Place| matches!(p, Place::Plain(_) | Place::Extra(_));
+        let info = self.node(parent)?;
+        let place = self.place(&info, name)?;
+        if !plain(&place) {
+            return Ok((info, place, None));
+        }
+        let guard = self.plain_names.read().unwrap_or_else(|e| e.into_inner());
+        let info = self.node(parent)?;
+        let place = self.place(&info, name)?;
+        let guard = plain(&place).then_some(guard);
+        Ok((info, place, guard))
+    }
+
     fn exists(&self, parent: &NodeInfo, name: &OsStr) -> Result<bool, FsError> {
         match self.resolve(parent, name) {
             Ok(_) => Ok(true),
@@ -109,18 +130,19 @@ impl ShardFs {
         mode: u32,
         flags: i32,
     ) -> Result<(Attr, Opened), FsError> {
-        let p = self.node(parent)?;
+        let (p, place, _shared) = self.place_held(parent, name)?;
         if self.exists(&p, name)? {
             if flags & libc::O_EXCL != 0 {
                 return Err(FsError::Exists);
             }
+            drop(_shared);
             let attr = self.lookup(parent, name)?;
             let opened = self.open(attr.ino, flags)?;
             return Ok((attr, opened));
         }
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let mut backing_file = None;
-        let kind = match self.place(&p, name)? {
+        let kind = match place {
             Place::Plain(rel) | Place::Extra(rel) => {
                 backing_file = Some(
                     std::fs::OpenOptions::new()
@@ -166,11 +188,11 @@ impl ShardFs {
     }
 
     pub fn mkdir(&self, parent: Ino, name: &OsStr, mode: u32) -> Result<Attr, FsError> {
-        let p = self.node(parent)?;
+        let (p, place, _shared) = self.place_held(parent, name)?;
         if self.exists(&p, name)? {
             return Err(FsError::Exists);
         }
-        let kind = match self.place(&p, name)? {
+        let kind = match place {
             Place::Plain(rel) => {
                 std::fs::DirBuilder::new()
                     .mode(mode & 0o7777)
@@ -314,6 +336,7 @@ impl ShardFs {
                 self.backing.remove_file(&rel)?;
                 self.shards.forget_array(&array.rel);
                 self.temps.forget_below(&array.rel);
+                self.inodes.bump_generation();
             }
             NodeKind::Chunk { array, coords } => {
                 self.detach_name(parent, name, &kind, &rel);
@@ -388,8 +411,8 @@ impl ShardFs {
         newname: &OsStr,
         flags: RenameFlags,
     ) -> Result<(), FsError> {
+        let (dp, place, _shared) = self.place_held(newparent, newname)?;
         let sp = self.node(parent)?;
-        let dp = self.node(newparent)?;
         let src_rel = join_rel(&sp.rel, name);
         let dst_rel = join_rel(&dp.rel, newname);
         let src = self.resolve(&sp, name)?;
@@ -404,7 +427,6 @@ impl ShardFs {
         if src_rel == dst_rel {
             return Ok(());
         }
-        let place = self.place(&dp, newname)?;
         if flags.exchange {
             return self.exchange(
                 &src,
@@ -431,6 +453,7 @@ impl ShardFs {
                 std::fs::rename(self.backing.path(&src_rel), self.backing.path(to))?;
                 self.shards.forget_array(&src_rel);
                 self.temps.forget_below(&src_rel);
+                self.inodes.bump_generation();
                 self.resolve_path(to)?
             }
             (NodeKind::Dir | NodeKind::ArrayDir(_), _) => {
@@ -570,12 +593,11 @@ impl ShardFs {
     }
 
     pub fn link(&self, ino: Ino, newparent: Ino, newname: &OsStr) -> Result<Attr, FsError> {
+        let (dp, place, _shared) = self.place_held(newparent, newname)?;
         let src = self.node(ino)?;
-        let dp = self.node(newparent)?;
         if self.exists(&dp, newname)? {
             return Err(FsError::Exists);
         }
-        let place = self.place(&dp, newname)?;
         let kind = match (&src.kind, &place) {
             (NodeKind::File, Place::Plain(to) | Place::Extra(to)) => {
                 std::fs::hard_link(self.backing.path(&src.rel), self.backing.path(to))?;
@@ -599,11 +621,11 @@ impl ShardFs {
     }
 
     pub fn symlink(&self, parent: Ino, name: &OsStr, target: &Path) -> Result<Attr, FsError> {
-        let p = self.node(parent)?;
+        let (p, place, _shared) = self.place_held(parent, name)?;
         if self.exists(&p, name)? {
             return Err(FsError::Exists);
         }
-        match self.place(&p, name)? {
+        match place {
             Place::Plain(rel) | Place::Temp(rel) | Place::Extra(rel) => {
                 std::os::unix::fs::symlink(target, self.backing.path(&rel))?;
             }

@@ -132,6 +132,9 @@ pub enum WriteMode {
     Settled,
     /// Everything pending, also chunks still open for writing (fsync, unmount).
     Everything,
+    /// Everything pending, and nothing of the file now at the shard's path, which is not
+    /// a shard (a chunk file written before its array's metadata, already read in).
+    Replace,
 }
 
 /// One pending shard, for the flusher and for stats.
@@ -499,7 +502,9 @@ impl ShardRegistry {
             let chosen: Vec<(usize, Arc<MemFile>, u64, Vec<Bytes>)> = st
                 .pending
                 .iter()
-                .filter(|(_, m)| mode == WriteMode::Everything || m.settled())
+                .filter(|(_, m)| {
+                    matches!(mode, WriteMode::Everything | WriteMode::Replace) || m.settled()
+                })
                 .map(|(pos, m)| {
                     let snap = m.snapshot();
                     (*pos, m.clone(), snap.version, snap.data.segments())
@@ -509,7 +514,10 @@ impl ShardRegistry {
             if chosen.is_empty() && deleted.is_empty() {
                 return Ok(());
             }
-            let stored = self.stored(backing, array, shard, &mut st)?;
+            let stored = match mode {
+                WriteMode::Replace => None,
+                _ => self.stored(backing, array, shard, &mut st)?,
+            };
             (chosen, deleted, stored)
         };
         let result = self.assemble_and_write(

@@ -339,6 +339,9 @@ impl ShardFs {
                 rel: crate::backing::join_rel(&info.rel, name),
                 kind,
                 detached: false,
+                parent: info.ino,
+                name: name.to_os_string(),
+                outdated: false,
             };
         }
         Ok(info.kind)
