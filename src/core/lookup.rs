@@ -100,17 +100,11 @@ impl ShardFs {
         if info.detached {
             return Ok(info);
         }
-        let passthrough = matches!(
-            info.kind,
-            NodeKind::Dir
-                | NodeKind::ArrayDir(_)
-                | NodeKind::File
-                | NodeKind::Symlink
-                | NodeKind::Other
-        );
         // A name decided before a directory above it became (or stopped being) an array
-        // is decided again, from its parent as it is now.
-        if info.outdated && passthrough && ino != ROOT {
+        // is decided again, from its parent as it is now. Files in memory stay what they
+        // are: their data belongs to the inode.
+        let movable = !matches!(info.kind, NodeKind::Temp(_) | NodeKind::Control);
+        if info.outdated && movable && ino != ROOT {
             let parent = self.node(info.parent)?;
             let kind = self.resolve(&parent, &info.name)?;
             self.inodes.set_kind(ino, kind.clone());
