@@ -118,9 +118,15 @@ impl ShardFs {
                 let content = f.snapshot().data;
                 let bytes: Vec<u8> = content.read(0, content.len());
                 let dir = info.rel.parent().unwrap_or(Path::new("")).to_path_buf();
-                self.commit_metadata(&dir, &bytes)?;
+                let committed = self.commit_metadata(&dir, &bytes);
+                // Stored or refused, the document leaves memory: a refused one is the
+                // writer's to fix, told by the error of this close.
                 if let Some(old) = self.temps.remove_file(&info.rel) {
                     self.shards.charge(-(old.len() as i64));
+                }
+                if let Err(e) = committed {
+                    self.inodes.detach(info.parent, &info.name, None);
+                    return Err(e);
                 }
                 self.inodes.rekind_file(f, self.resolve_path(&info.rel)?);
                 Ok(())

@@ -1,0 +1,594 @@
+//! The write side: unmodified writers write unsharded arrays through a real mount, and
+//! BACKING ends up holding sharded arrays, each shard written in one write.
+
+mod common;
+
+use std::fs;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::mount::{Mounted, python_timeout, run_timeout, shardfs_timeout};
+use common::{files_below, run_fixtures, stderr, stdout};
+use serde_json::Value;
+
+const LIMIT: Duration = Duration::from_secs(300);
+const CLIENT: Duration = Duration::from_secs(180);
+
+fn writers_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/writers.py")
+}
+
+fn writer(scenario: &str, root: &Path, out: &Path) -> std::process::Output {
+    run_timeout(
+        std::process::Command::new(common::python())
+            .arg(writers_script())
+            .args([scenario, root.to_str().unwrap(), out.to_str().unwrap()]),
+        CLIENT,
+    )
+}
+
+fn assert_ok(out: &std::process::Output, what: &str) {
+    assert!(
+        out.status.success(),
+        "{what}:\n{}\n{}",
+        stdout(out),
+        stderr(out)
+    );
+}
+
+fn stats(m: &Mounted) -> Value {
+    let out = shardfs_timeout(&["stats", m.mountpoint.to_str().unwrap()], CLIENT);
+    assert_ok(&out, "stats");
+    serde_json::from_str(&stdout(&out)).unwrap()
+}
+
+/// After unmount: `verify` clean, every array equal to what the writer meant, read natively
+/// by zarr-python and tensorstore, and no temporary file left anywhere in BACKING.
+fn check_backing(backing: &Path, out: &Path, names: &[&str]) {
+    let v = shardfs_timeout(&["verify", backing.to_str().unwrap()], CLIENT);
+    assert_eq!(
+        v.status.code(),
+        Some(0),
+        "verify: {}{}",
+        stdout(&v),
+        stderr(&v)
+    );
+    for name in names {
+        let r = python_timeout(
+            &[
+                "check-read",
+                backing.join(name).to_str().unwrap(),
+                out.join(format!("{name}.npy")).to_str().unwrap(),
+            ],
+            CLIENT,
+        );
+        assert_ok(&r, name);
+        // Stored sharded.
+        let doc = fs::read_to_string(backing.join(name).join("zarr.json")).unwrap();
+        assert!(doc.contains("sharding_indexed"), "{name} is not sharded");
+    }
+    let leftovers: Vec<String> = files_below(backing)
+        .into_iter()
+        .filter(|f| f.contains(".partial") || f.contains("__lock") || f.contains(".shardfs-"))
+        .collect();
+    assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+}
+
+fn dirs() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let backing = dir.path().join("backing");
+    let out = dir.path().join("expected");
+    fs::create_dir_all(&backing).unwrap();
+    fs::create_dir_all(&out).unwrap();
+    (dir, backing, out)
+}
+
+#[test]
+fn zarr_python_writes_come_out_sharded() {
+    let (_d, backing, out) = dirs();
+    let m = Mounted::new(&backing, &["--chunks-per-shard", "2"], LIMIT);
+    assert_ok(
+        &writer("zarr-python", &m.mountpoint, &out),
+        "zarr-python writes",
+    );
+    let unmounted = m.unmount(&[]);
+    assert_ok(&unmounted, "unmount");
+    check_backing(
+        &backing,
+        &out,
+        &[
+            "whole_empty_False",
+            "whole_empty_True",
+            "by_chunk",
+            "resized",
+            "overwritten",
+        ],
+    );
+}
+
+#[test]
+fn tensorstore_writes_come_out_sharded() {
+    let (_d, backing, out) = dirs();
+    let m = Mounted::new(&backing, &["--chunks-per-shard", "2"], LIMIT);
+    assert_ok(
+        &writer("tensorstore", &m.mountpoint, &out),
+        "tensorstore writes",
+    );
+    let s = stats(&m);
+    eprintln!("tensorstore stats: {s}");
+    assert_ok(&m.unmount(&[]), "unmount");
+    check_backing(&backing, &out, &["ts_whole", "ts_by_chunk"]);
+}
+
+#[test]
+fn chunk_by_chunk_writes_each_shard_once() {
+    let (_d, backing, out) = dirs();
+    let m = Mounted::new(&backing, &["--chunks-per-shard", "2"], LIMIT);
+    assert_ok(&writer("counted", &m.mountpoint, &out), "counted writes");
+    // 64x64 in 16x16 chunks, 2x2 chunks per shard: 4 shards, each complete.
+    let s = stats(&m);
+    assert_eq!(s["shards_written"], 4, "{s}");
+    assert_eq!(s["merges"], 0, "{s}");
+    assert_eq!(s["partial_writes"], 0, "{s}");
+    assert_eq!(s["pending_shards"], 0, "{s}");
+    assert_ok(&m.unmount(&[]), "unmount");
+    check_backing(&backing, &out, &["counted"]);
+}
+
+#[test]
+fn cp_and_rsync_into_the_mount() {
+    let (d, backing, _) = dirs();
+    let src = d.path().join("src");
+    fs::create_dir_all(&src).unwrap();
+    run_fixtures(&["unsharded", src.to_str().unwrap()]);
+    let m = Mounted::new(&backing, &["--chunks-per-shard", "2"], LIMIT);
+    let cp = run_timeout(
+        std::process::Command::new("cp")
+            .arg("-r")
+            .arg(src.join("u_3d_zstd_defaultdot"))
+            .arg(m.path("copied3d")),
+        CLIENT,
+    );
+    assert_ok(&cp, "cp -r");
+    let cp = run_timeout(
+        std::process::Command::new("cp")
+            .arg("-r")
+            .arg(src.join("u_1d_zstd_default"))
+            .arg(m.path("copied1d")),
+        CLIENT,
+    );
+    assert_ok(&cp, "cp -r");
+    for name in ["u_4d_raw_v2slash", "u_2d_raw_v2dot"] {
+        let rs = run_timeout(
+            std::process::Command::new("rsync")
+                .arg("-a")
+                .arg(src.join(name))
+                .arg(&m.mountpoint),
+            CLIENT,
+        );
+        assert_ok(&rs, "rsync -a");
+    }
+    assert_ok(&m.unmount(&[]), "unmount");
+    for (copy, orig) in [
+        ("copied3d", "u_3d_zstd_defaultdot"),
+        ("copied1d", "u_1d_zstd_default"),
+        ("u_4d_raw_v2slash", "u_4d_raw_v2slash"),
+        ("u_2d_raw_v2dot", "u_2d_raw_v2dot"),
+    ] {
+        fs::copy(
+            src.join(format!("{orig}.npy")),
+            d.path().join(format!("expected/{copy}.npy")),
+        )
+        .unwrap();
+    }
+    check_backing(
+        &backing,
+        &d.path().join("expected"),
+        &["copied3d", "copied1d", "u_4d_raw_v2slash", "u_2d_raw_v2dot"],
+    );
+}
+
+/// An array made by zarr-python through the mount, for the file-level tests: 4x4 chunks of
+/// 16x16 uint8, 2x2 chunks per shard (4 shards), default "/" keys.
+fn small_array(m: &Mounted, name: &str) -> PathBuf {
+    let script = format!(
+        "import zarr; zarr.create_array({:?}, shape=(64, 64), chunks=(16, 16), dtype='uint8', \
+         compressors=None, fill_value=0)",
+        m.path(name).to_str().unwrap()
+    );
+    let out = run_timeout(
+        std::process::Command::new(common::python()).args(["-c", &script]),
+        CLIENT,
+    );
+    assert_ok(&out, "create array");
+    m.path(name)
+}
+
+fn chunk(value: u8) -> Vec<u8> {
+    vec![value; 256]
+}
+
+fn errno_of(r: std::io::Result<impl Sized>) -> Option<i32> {
+    r.err().and_then(|e| e.raw_os_error())
+}
+
+#[test]
+fn bad_input_is_refused_and_nothing_else_is_disturbed() {
+    let (_d, backing, _) = dirs();
+    let m = Mounted::new(&backing, &["--chunks-per-shard", "2"], LIMIT);
+    let arr = small_array(&m, "a");
+    fs::create_dir_all(arr.join("c/0")).unwrap();
+    fs::write(arr.join("c/0/1"), chunk(1)).unwrap();
+    // Outside the grid, not canonical, deeper than the rank, a digit name at the root of a
+    // "c/..." array: EINVAL.
+    assert_eq!(
+        errno_of(fs::write(arr.join("c/0/9"), chunk(2))),
+        Some(libc::EINVAL)
+    );
+    assert_eq!(
+        errno_of(fs::create_dir(arr.join("c/9"))),
+        Some(libc::EINVAL)
+    );
+    assert_eq!(
+        errno_of(fs::create_dir(arr.join("c/01"))),
+        Some(libc::EINVAL)
+    );
+    assert_eq!(
+        errno_of(fs::write(arr.join("7"), chunk(2))),
+        Some(libc::EINVAL)
+    );
+    assert_eq!(
+        errno_of(fs::create_dir(arr.join("c/0/1/2"))),
+        Some(libc::ENOTDIR)
+    );
+    // Temporary names are not keys: accepted.
+    fs::write(arr.join("c/0/1.tmp"), chunk(3)).unwrap();
+    fs::remove_file(arr.join("c/0/1.tmp")).unwrap();
+    // Sharded metadata written through the mount: refused at close, nothing stored.
+    let sharded_doc = fs::read_to_string(backing.join("a/zarr.json")).unwrap();
+    fs::create_dir(m.path("s")).unwrap();
+    let mut f = fs::File::create(m.path("s/zarr.json")).unwrap();
+    f.write_all(sharded_doc.as_bytes()).unwrap();
+    let closed = f.sync_all();
+    drop(f);
+    assert!(
+        closed.is_err() || !backing.join("s/zarr.json").exists(),
+        "sharded metadata was stored"
+    );
+    assert!(!backing.join("s/zarr.json").exists());
+    // Garbage metadata: stored as written, the directory is not an array.
+    fs::create_dir(m.path("g")).unwrap();
+    fs::write(m.path("g/zarr.json"), b"{not json").unwrap();
+    assert_eq!(fs::read(backing.join("g/zarr.json")).unwrap(), b"{not json");
+    fs::create_dir(m.path("g/c")).unwrap();
+    fs::write(m.path("g/c/0"), b"plain").unwrap();
+    assert_eq!(fs::read(backing.join("g/c/0")).unwrap(), b"plain");
+    // The array next door is as it was.
+    assert_eq!(fs::read(arr.join("c/0/1")).unwrap(), chunk(1));
+    let log = m.log_text();
+    assert!(log.contains("not a chunk key"), "{log}");
+    assert!(log.contains("already sharded"), "{log}");
+    assert!(log.contains("not Zarr v3 metadata"), "{log}");
+    assert_ok(&m.unmount(&[]), "unmount");
+    let v = shardfs_timeout(&["verify", backing.join("a").to_str().unwrap()], CLIENT);
+    assert_eq!(v.status.code(), Some(0), "{}", stdout(&v));
+}
+
+#[test]
+fn every_writer_pattern_works() {
+    let (_d, backing, _) = dirs();
+    let m = Mounted::new(&backing, &["--chunks-per-shard", "2"], LIMIT);
+    let arr = small_array(&m, "a");
+    let c = arr.join("c");
+    fs::create_dir_all(c.join("0")).unwrap();
+    fs::create_dir_all(c.join("1")).unwrap();
+
+    // Direct O_TRUNC writes (zarrs): the last content wins.
+    fs::write(c.join("0/0"), chunk(9)).unwrap();
+    fs::write(c.join("0/0"), chunk(10)).unwrap();
+    assert_eq!(fs::read(c.join("0/0")).unwrap(), chunk(10));
+
+    // Temp + rename (zarr-python); the temp name replaces the last suffix.
+    fs::write(c.join("0/1.3f2a.partial"), chunk(11)).unwrap();
+    fs::rename(c.join("0/1.3f2a.partial"), c.join("0/1")).unwrap();
+    assert_eq!(fs::read(c.join("0/1")).unwrap(), chunk(11));
+
+    // A file renamed while still open and still being written (tensorstore): the data
+    // follows the file.
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(c.join("1/0.__lock"))
+        .unwrap();
+    f.write_all(&chunk(12)[..100]).unwrap();
+    fs::rename(c.join("1/0.__lock"), c.join("1/0")).unwrap();
+    f.write_all(&chunk(12)[100..]).unwrap();
+    drop(f);
+    assert_eq!(fs::read(c.join("1/0")).unwrap(), chunk(12));
+
+    // link + unlink (exclusive puts): EEXIST onto an existing chunk.
+    fs::write(c.join("1/1.x.partial"), chunk(13)).unwrap();
+    assert_eq!(
+        errno_of(fs::hard_link(c.join("1/1.x.partial"), c.join("0/0"))),
+        Some(libc::EEXIST)
+    );
+    fs::hard_link(c.join("1/1.x.partial"), c.join("1/1")).unwrap();
+    fs::remove_file(c.join("1/1.x.partial")).unwrap();
+    assert_eq!(fs::read(c.join("1/1")).unwrap(), chunk(13));
+
+    // O_EXCL: only for a name that is not there.
+    let excl = |p: &Path| fs::OpenOptions::new().write(true).create_new(true).open(p);
+    assert_eq!(errno_of(excl(&c.join("0/0"))), Some(libc::EEXIST));
+    fs::create_dir_all(c.join("2")).unwrap();
+    excl(&c.join("2/0")).unwrap().write_all(&chunk(14)).unwrap();
+
+    // truncate and ftruncate, down and up.
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .open(c.join("2/0"))
+        .unwrap();
+    f.set_len(50).unwrap();
+    assert_eq!(fs::metadata(c.join("2/0")).unwrap().len(), 50);
+    f.set_len(60).unwrap();
+    drop(f);
+    let mut expect = chunk(14)[..50].to_vec();
+    expect.extend_from_slice(&[0; 10]);
+    assert_eq!(fs::read(c.join("2/0")).unwrap(), expect);
+
+    // chmod and utimes are accepted.
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(c.join("2/0"), fs::Permissions::from_mode(0o600)).unwrap();
+    let when = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+    fs::File::options()
+        .write(true)
+        .open(c.join("2/0"))
+        .unwrap()
+        .set_times(fs::FileTimes::new().set_modified(when))
+        .unwrap();
+
+    // Read your writes, and a size and mtime that change with the content.
+    let before = fs::metadata(c.join("0/1")).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let mut f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(c.join("0/1"))
+        .unwrap();
+    f.seek(SeekFrom::Start(256)).unwrap();
+    f.write_all(b"more").unwrap();
+    let mut back = Vec::new();
+    f.seek(SeekFrom::Start(0)).unwrap();
+    f.read_to_end(&mut back).unwrap();
+    drop(f);
+    assert_eq!(back.len(), 260);
+    let after = fs::metadata(c.join("0/1")).unwrap();
+    assert_eq!(after.len(), 260);
+    assert_ne!(
+        (before.mtime(), before.mtime_nsec()),
+        (after.mtime(), after.mtime_nsec())
+    );
+
+    // Unlink of an open file: the name goes, the open file keeps its content.
+    fs::write(c.join("2/1"), chunk(15)).unwrap();
+    let mut open = fs::File::open(c.join("2/1")).unwrap();
+    fs::remove_file(c.join("2/1")).unwrap();
+    assert_eq!(errno_of(fs::metadata(c.join("2/1"))), Some(libc::ENOENT));
+    let mut kept = Vec::new();
+    open.read_to_end(&mut kept).unwrap();
+    assert_eq!(kept, chunk(15));
+    drop(open);
+
+    // A temporary file that is never renamed ends up in BACKING, as it is.
+    fs::write(c.join("1/.1.AbCdEf"), b"left behind").unwrap();
+
+    // rmdir of a key directory that still holds chunks: ENOTEMPTY; emptied: fine.
+    assert_eq!(errno_of(fs::remove_dir(c.join("2"))), Some(libc::ENOTEMPTY));
+    fs::remove_file(c.join("2/0")).unwrap();
+    fs::remove_dir(c.join("2")).unwrap();
+
+    // Recursive removal of a whole array, as zarr-python's overwrite does it.
+    let other = small_array(&m, "b");
+    fs::create_dir_all(other.join("c/3")).unwrap();
+    fs::write(other.join("c/3/3"), chunk(16)).unwrap();
+    let rm = run_timeout(
+        std::process::Command::new(common::python()).args([
+            "-c",
+            &format!(
+                "import shutil; shutil.rmtree({:?})",
+                other.to_str().unwrap()
+            ),
+        ]),
+        CLIENT,
+    );
+    assert_ok(&rm, "shutil.rmtree");
+    assert!(!other.exists());
+
+    assert_ok(&m.unmount(&[]), "unmount");
+    assert!(
+        !backing.join("b").exists(),
+        "removed array left files in BACKING"
+    );
+    assert_eq!(
+        fs::read(backing.join("a/c/1/.1.AbCdEf")).unwrap(),
+        b"left behind"
+    );
+    // What the shards hold, read natively.
+    let check = format!(
+        "import zarr, numpy as np\n\
+         a = zarr.open_array({:?}, mode='r')\n\
+         assert (a[0:16, 0:16] == 10).all()\n\
+         assert (a[16:32, 16:32] == 13).all()\n\
+         assert (a[16:32, 0:16] == 12).all()\n\
+         assert (a[32:48, :] == 0).all()\n",
+        backing.join("a").to_str().unwrap()
+    );
+    let r = run_timeout(
+        std::process::Command::new(common::python()).args(["-c", &check]),
+        CLIENT,
+    );
+    assert_ok(&r, "native read of the shards");
+    let v = shardfs_timeout(&["verify", backing.to_str().unwrap()], CLIENT);
+    assert_eq!(v.status.code(), Some(0), "{}", stdout(&v));
+}
+
+#[test]
+fn idle_and_fsync_write_partial_shards() {
+    let (_d, backing, out) = dirs();
+    let m = Mounted::new(
+        &backing,
+        &["--chunks-per-shard", "2", "--idle-flush", "1"],
+        LIMIT,
+    );
+    // zarr-python skips the empty chunks: some shards never complete.
+    assert_ok(&writer("sparse", &m.mountpoint, &out), "sparse writes");
+    let start = std::time::Instant::now();
+    loop {
+        let s = stats(&m);
+        if s["pending_shards"] == 0 {
+            assert!(s["partial_writes"].as_u64().unwrap() > 0, "{s}");
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "still pending: {s}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Still mounted, BACKING already holds the whole array, sharded.
+    let r = python_timeout(
+        &[
+            "check-read",
+            backing.join("sparse").to_str().unwrap(),
+            out.join("sparse.npy").to_str().unwrap(),
+        ],
+        CLIENT,
+    );
+    assert_ok(&r, "native read while mounted");
+
+    // fsync of one chunk writes its shard now.
+    let arr = small_array(&m, "f");
+    fs::create_dir_all(arr.join("c/3")).unwrap();
+    let before = stats(&m)["partial_writes"].as_u64().unwrap();
+    let mut f = fs::File::create(arr.join("c/3/3")).unwrap();
+    f.write_all(&chunk(7)).unwrap();
+    f.sync_all().unwrap();
+    assert!(
+        backing.join("f/c/1/1").exists(),
+        "fsync did not write the shard"
+    );
+    assert_eq!(stats(&m)["partial_writes"].as_u64().unwrap(), before + 1);
+    drop(f);
+    assert_ok(&m.unmount(&[]), "unmount");
+}
+
+#[test]
+fn many_writers_at_once() {
+    let (_d, backing, _) = dirs();
+    let m = Mounted::new(&backing, &["--chunks-per-shard", "4"], LIMIT);
+    let a = small_array(&m, "a");
+    let b = small_array(&m, "b");
+    let handles: Vec<_> = (0..8u8)
+        .map(|t| {
+            let (a, b) = (a.clone(), b.clone());
+            std::thread::spawn(move || {
+                for k in 0..4u8 {
+                    let (i, j) = (t / 2, (t % 2) * 2 + k / 2);
+                    let arr = if k % 2 == 0 { &a } else { &b };
+                    fs::create_dir_all(arr.join(format!("c/{i}"))).unwrap();
+                    let tmp = arr.join(format!("c/{i}/{j}.{t}{k}.partial"));
+                    fs::write(&tmp, chunk(10 * i + j + 1)).unwrap();
+                    fs::rename(&tmp, arr.join(format!("c/{i}/{j}"))).unwrap();
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    let s = stats(&m);
+    assert_ok(&m.unmount(&[]), "unmount");
+    eprintln!("{s}");
+    let check = [
+        "import sys, zarr",
+        "for name in ('a', 'b'):",
+        "    arr = zarr.open_array(sys.argv[1] + '/' + name, mode='r')[...]",
+        "    for i in range(4):",
+        "        for j in range(4):",
+        "            v = arr[i*16:(i+1)*16, j*16:(j+1)*16]",
+        "            assert (v == 10 * i + j + 1).all() or (v == 0).all(), (name, i, j)",
+    ]
+    .join("\n");
+    let r = run_timeout(
+        std::process::Command::new(common::python())
+            .args(["-c", &check])
+            .arg(&backing),
+        CLIENT,
+    );
+    assert_ok(&r, "native read");
+    let v = shardfs_timeout(&["verify", backing.to_str().unwrap()], CLIENT);
+    assert_eq!(v.status.code(), Some(0), "{}", stdout(&v));
+}
+
+/// A small tmpfs as BACKING, torn down on drop.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn new(dir: &Path, size: &str) -> Tmpfs {
+        fs::create_dir_all(dir).unwrap();
+        let out = run_timeout(
+            std::process::Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+                .arg(dir),
+            CLIENT,
+        );
+        assert_ok(&out, "mount tmpfs");
+        Tmpfs(dir.to_path_buf())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .output();
+    }
+}
+
+#[test]
+fn a_full_backing_store_fails_the_writer_and_loses_nothing() {
+    let (d, _, out) = dirs();
+    let tmp = Tmpfs::new(&d.path().join("small"), "3m");
+    let backing = tmp.0.clone();
+    // Leave about 1 MiB free.
+    fs::write(backing.join("filler"), vec![1u8; 2 * 1024 * 1024]).unwrap();
+    let m = Mounted::new(&backing, &["--chunks-per-shard", "2"], LIMIT);
+    let w = writer("fill-up", &m.mountpoint, &out);
+    assert_ok(&w, "fill-up writer");
+    let report: Value = serde_json::from_str(stdout(&w).trim()).unwrap();
+    assert_eq!(
+        report["enospc"], true,
+        "the writer did not see ENOSPC: {report}"
+    );
+    let s = stats(&m);
+    assert!(!s["failed"].as_array().unwrap().is_empty(), "{s}");
+    assert!(s["write_errors"].as_u64().unwrap() > 0);
+    // Unmount refuses while the data cannot be written, names the shard, and keeps the mount.
+    let refused = m.unmount(&[]);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        stderr(&refused).contains("stays mounted"),
+        "{}",
+        stderr(&refused)
+    );
+    assert!(stderr(&refused).contains("full/c/"), "{}", stderr(&refused));
+    assert!(common::mount::is_mounted(&m.mountpoint));
+    // Space freed: everything is written.
+    fs::remove_file(backing.join("filler")).unwrap();
+    assert_ok(&m.unmount(&[]), "unmount after freeing space");
+    check_backing(&backing, &out, &["full"]);
+    drop(m);
+}
