@@ -123,6 +123,53 @@ fn tensorstore_writes_come_out_sharded() {
 }
 
 #[test]
+fn consolidated_metadata_written_through_the_mount_describes_the_shards() {
+    let (_d, backing, out) = dirs();
+    let m = Mounted::new(&backing, &["--chunks-per-shard", "2"], LIMIT);
+    assert_ok(
+        &writer("hierarchy", &m.mountpoint, &out),
+        "hierarchy writes",
+    );
+    // Through the mount, the consolidated view says unsharded; BACKING says sharded.
+    let shown = fs::read_to_string(m.path("h/zarr.json")).unwrap();
+    assert!(!shown.contains("sharding_indexed"));
+    assert_ok(&m.unmount(&[]), "unmount");
+    let stored = fs::read_to_string(backing.join("h/zarr.json")).unwrap();
+    assert!(stored.contains("consolidated_metadata"));
+    assert!(stored.contains("sharding_indexed"));
+    assert_ok(
+        &writer("check-hierarchy", &backing, &out),
+        "native consolidated read",
+    );
+    let v = shardfs_timeout(&["verify", backing.to_str().unwrap()], CLIENT);
+    assert_eq!(v.status.code(), Some(0), "{}", stdout(&v));
+}
+
+#[test]
+fn memory_pressure_writes_partial_shards() {
+    let (_d, backing, out) = dirs();
+    // A limit below what one chunk per shard adds up to, and no idle flush to speak of.
+    let m = Mounted::new(
+        &backing,
+        &[
+            "--chunks-per-shard",
+            "2",
+            "--max-pending-memory",
+            "200",
+            "--idle-flush",
+            "600",
+        ],
+        LIMIT,
+    );
+    assert_ok(&writer("spread", &m.mountpoint, &out), "spread writes");
+    let s = stats(&m);
+    assert!(s["partial_writes"].as_u64().unwrap() > 0, "{s}");
+    assert!(s["pending_bytes"].as_u64().unwrap() <= 200, "{s}");
+    assert_ok(&m.unmount(&[]), "unmount");
+    check_backing(&backing, &out, &["spread"]);
+}
+
+#[test]
 fn chunk_by_chunk_writes_each_shard_once() {
     let (_d, backing, out) = dirs();
     let m = Mounted::new(&backing, &["--chunks-per-shard", "2"], LIMIT);

@@ -145,6 +145,48 @@ def sparse(root, out):
     print("ok")
 
 
+def hierarchy(root, out):
+    """A group with arrays, consolidated through the mount: BACKING's group document must
+    describe the sharded arrays, or native readers would misread them."""
+    g = zarr.open_group(os.path.join(root, "h"), mode="w", attributes={"about": "h"})
+    sub = g.create_group("sub")
+    for parent, name, shape in ((g, "x", (40, 30)), (sub, "y", (25,))):
+        chunks = tuple(max(1, s // 4) for s in shape)
+        a = parent.create_array(name, shape=shape, chunks=chunks, dtype="float64",
+                                fill_value=0.0, dimension_names=["i", "j"][:len(shape)])
+        data = sample(shape, "float64", len(name) + 50)
+        a[...] = data
+        full = name if parent is g else "sub/" + name
+        save(out, "h_" + full.replace("/", "_"), data)
+    zarr.consolidate_metadata(os.path.join(root, "h"))
+    print("ok")
+
+
+def check_hierarchy(root, out):
+    g = zarr.open_consolidated(os.path.join(root, "h"), mode="r")
+    for full in ("x", "sub/y"):
+        arr = g[full]
+        if arr.shards is None:
+            sys.exit(f"{full}: consolidated metadata in BACKING says unsharded")
+        expected = np.load(os.path.join(out, "h_" + full.replace("/", "_") + ".npy"))
+        if not np.array_equal(arr[...], expected):
+            sys.exit(f"{full}: differs")
+    print("ok")
+
+
+def spread(root, out):
+    """One chunk into each of many shards, none complete: only memory pressure writes."""
+    shape, chunks = (64, 64), (8, 8)
+    data = np.zeros(shape, "uint8")
+    a = zarr_array(root, "spread", shape, chunks, "uint8")
+    for i in range(0, 64, 16):
+        for j in range(0, 64, 16):
+            data[i:i + 8, j:j + 8] = (i + j) // 8 + 1
+            a[i:i + 8, j:j + 8] = data[i:i + 8, j:j + 8]
+    save(out, "spread", data)
+    print("ok")
+
+
 def fill_up(root, out):
     """Writes chunk by chunk until the backing store is full; saves what was written up to
     and including the failing region (its chunk stays pending in the mount)."""
@@ -170,4 +212,5 @@ def fill_up(root, out):
 if __name__ == "__main__":
     scenario, root, out = sys.argv[1:4]
     {"zarr-python": zarr_python, "tensorstore": tensorstore, "counted": counted,
-     "sparse": sparse, "fill-up": fill_up}[scenario](root, out)
+     "sparse": sparse, "fill-up": fill_up, "hierarchy": hierarchy,
+     "check-hierarchy": check_hierarchy, "spread": spread}[scenario](root, out)
