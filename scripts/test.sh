@@ -7,6 +7,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# rsync is one of the writers the tests drive; fresh machines lack it.
+if ! command -v rsync >/dev/null; then
+    echo "== installing rsync"
+    (apt-get install -y -q rsync >/dev/null 2>&1 ||
+        (apt-get update -q >/dev/null && apt-get install -y -q rsync >/dev/null))
+fi
+
 venv="${SHARDFS_VENV:-$PWD/.venv}"
 stamp="$venv/.shardfs-requirements"
 if ! cmp -s scripts/requirements.txt "$stamp" 2>/dev/null; then

@@ -55,6 +55,8 @@ pub enum DaemonError {
     StartFailed(String),
     #[error("the daemon reported: {0}")]
     Unclean(String),
+    #[error("{0}")]
+    Usage(String),
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> DaemonError + '_ {
@@ -102,8 +104,18 @@ fn unescape_mountinfo(s: &str) -> String {
         .replace("\\134", "\\")
 }
 
-/// Checks that `mountpoint` can be mounted on: a live directory, not already a mount.
-fn check_mountpoint(mountpoint: &Path) -> Result<(), DaemonError> {
+/// Checks that `mountpoint` can be mounted on: a live directory, not already a mount, and
+/// not above BACKING (the daemon would then wait on its own mount).
+fn check_mountpoint(mountpoint: &Path, backing: &Path) -> Result<(), DaemonError> {
+    if let (Ok(m), Ok(b)) = (fs::canonicalize(mountpoint), fs::canonicalize(backing))
+        && b.starts_with(&m)
+    {
+        return Err(DaemonError::Usage(format!(
+            "BACKING {} lies inside MOUNTPOINT {}",
+            b.display(),
+            m.display()
+        )));
+    }
     let shown = || mountpoint.display().to_string();
     if is_dead_mount(mountpoint) {
         return Err(DaemonError::DeadMount(shown()));
@@ -136,7 +148,7 @@ pub fn spawn_daemon(
     args: &[std::ffi::OsString],
     log_file: &Path,
 ) -> Result<(), DaemonError> {
-    check_mountpoint(&config.mountpoint)?;
+    check_mountpoint(&config.mountpoint, &config.backing)?;
     if let Some(dir) = log_file.parent() {
         fs::create_dir_all(dir).map_err(io_err(dir))?;
     }
@@ -174,9 +186,24 @@ pub fn spawn_daemon(
     }
     let mut child = cmd.spawn().map_err(io_err(Path::new("shardfs")))?;
     drop(write_end);
-    let mut report = String::new();
-    let mut reader = fs::File::from(read_end);
-    let _ = reader.read_to_string(&mut report);
+    // The report comes within seconds; a daemon stuck mounting is killed.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut report = String::new();
+        let _ = fs::File::from(read_end).read_to_string(&mut report);
+        let _ = tx.send(report);
+    });
+    let report = match rx.recv_timeout(START_TIMEOUT) {
+        Ok(r) => r,
+        Err(_) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(DaemonError::StartFailed(format!(
+                "no report within {START_TIMEOUT:?}; see {}",
+                log_file.display()
+            )));
+        }
+    };
     if report.trim() == "ok" {
         return Ok(());
     }
@@ -188,6 +215,8 @@ pub fn spawn_daemon(
     };
     Err(DaemonError::StartFailed(reason))
 }
+
+const START_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Blocks the signals the daemon handles in this thread and every thread it starts later,
 /// so that only the signal thread receives them.
@@ -222,7 +251,7 @@ pub fn run_foreground(config: &MountConfig, ready: Option<OwnedFd>) -> Result<()
             let _ = f.write_all(msg.as_bytes());
         }
     };
-    if let Err(e) = check_mountpoint(&config.mountpoint) {
+    if let Err(e) = check_mountpoint(&config.mountpoint, &config.backing) {
         report(&e.to_string());
         return Err(e);
     }
@@ -404,14 +433,17 @@ pub fn stats(mountpoint: &Path) -> Result<String, DaemonError> {
 
 /// `shardfs unmount`: unmount, then wait for the daemon to finish writing and exit.
 pub fn unmount(mountpoint: &Path, lazy: bool) -> Result<(), DaemonError> {
-    let shown = mountpoint.display().to_string();
     if is_dead_mount(mountpoint) {
+        let shown = mountpoint.display().to_string();
         detach(mountpoint).map_err(io_err(mountpoint))?;
         return Err(DaemonError::Unclean(format!(
             "{shown} was a dead mount and has been cleared; whatever its daemon had not \
              written when it died is lost"
         )));
     }
+    // Relative paths, trailing slashes and symlinks name the same mount.
+    let mountpoint = &fs::canonicalize(mountpoint).map_err(io_err(mountpoint))?;
+    let shown = mountpoint.display().to_string();
     let is_shardfs = mount_type(mountpoint).is_some_and(|(fstype, source)| {
         fstype.starts_with("fuse") && source.starts_with("shardfs:")
     });
@@ -446,7 +478,12 @@ pub fn unmount(mountpoint: &Path, lazy: bool) -> Result<(), DaemonError> {
         }
         return Err(io_err(mountpoint)(e));
     }
-    wait_for_exit(info.pid);
+    if !wait_for_exit(info.pid) {
+        return Err(DaemonError::Unclean(format!(
+            "unmounted, but the daemon (pid {}) is still running; see its log",
+            info.pid
+        )));
+    }
     match fs::read_to_string(&info.status_file) {
         Ok(s) if s.trim() == "ok" => Ok(()),
         Ok(s) => Err(DaemonError::Unclean(s.trim().to_string())),
@@ -458,10 +495,13 @@ pub fn unmount(mountpoint: &Path, lazy: bool) -> Result<(), DaemonError> {
 }
 
 /// Waits until process `pid` is gone.
-fn wait_for_exit(pid: u32) {
+fn wait_for_exit(pid: u32) -> bool {
     let start = Instant::now();
     let proc_dir = PathBuf::from(format!("/proc/{pid}"));
     while proc_dir.exists() {
+        if start.elapsed() > EXIT_RETRY + Duration::from_secs(60) {
+            return false;
+        }
         // A zombie has finished; its parent (the shell that ran `shardfs mount`) reaps it.
         if let Ok(stat) = fs::read_to_string(proc_dir.join("stat"))
             && stat
@@ -469,7 +509,7 @@ fn wait_for_exit(pid: u32) {
                 .next()
                 .is_some_and(|r| r.trim_start().starts_with('Z'))
         {
-            return;
+            return true;
         }
         let step = if start.elapsed() < Duration::from_secs(1) {
             10
@@ -478,4 +518,5 @@ fn wait_for_exit(pid: u32) {
         };
         std::thread::sleep(Duration::from_millis(step));
     }
+    true
 }

@@ -37,6 +37,20 @@ impl FuseAdapter {
     }
 }
 
+/// Runs a core call, turning a panic into EIO: a panicking request must not take a worker
+/// thread down with it (fuser does not catch panics), which would hang the mount.
+fn run<T>(f: impl FnOnce() -> Result<T, FsError>) -> Result<T, FsError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|panic| {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        tracing::error!("internal error, request failed with EIO: {what}");
+        Err(FsError::Io(io::Error::other("internal error")))
+    })
+}
+
 fn errno(e: &FsError) -> Errno {
     debug!("request failed: {e}");
     Errno::from_i32(e.to_errno())
@@ -100,8 +114,9 @@ impl Filesystem for FuseAdapter {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
         // Each is an optimisation the kernel may lack; without it the mount still works.
         for flag in [
+            // Always readdirplus: every listed name gets its real inode number (and the
+            // kernel its attributes), never a placeholder that a later stat contradicts.
             InitFlags::FUSE_DO_READDIRPLUS,
-            InitFlags::FUSE_READDIRPLUS_AUTO,
             InitFlags::FUSE_PARALLEL_DIROPS,
             InitFlags::FUSE_MAX_PAGES,
             // O_TRUNC arrives with OPEN instead of as a separate SETATTR round trip.
@@ -118,7 +133,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match self.core.lookup(parent.0, name) {
+        match run(|| self.core.lookup(parent.0, name)) {
             Ok(attr) => reply.entry(&ttl(&attr), &file_attr(&attr), Generation(0)),
             Err(e) => reply.error(errno(&e)),
         }
@@ -129,21 +144,21 @@ impl Filesystem for FuseAdapter {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.core.getattr(ino.0) {
+        match run(|| self.core.getattr(ino.0)) {
             Ok(attr) => reply.attr(&ttl(&attr), &file_attr(&attr)),
             Err(e) => reply.error(errno(&e)),
         }
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.core.readlink(ino.0) {
+        match run(|| self.core.readlink(ino.0)) {
             Ok(target) => reply.data(target.as_os_str().as_encoded_bytes()),
             Err(e) => reply.error(errno(&e)),
         }
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.core.opendir(ino.0) {
+        match run(|| self.core.opendir(ino.0)) {
             Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
             Err(e) => reply.error(errno(&e)),
         }
@@ -157,7 +172,7 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let entries = match self.core.readdir(fh.0) {
+        let entries = match run(|| self.core.readdir(fh.0)) {
             Ok(entries) => entries,
             Err(e) => return reply.error(errno(&e)),
         };
@@ -188,7 +203,7 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let entries = match self.core.readdir(fh.0) {
+        let entries = match run(|| self.core.readdir(fh.0)) {
             Ok(entries) => entries,
             Err(e) => return reply.error(errno(&e)),
         };
@@ -213,7 +228,7 @@ impl Filesystem for FuseAdapter {
                 continue;
             }
             // A name that vanished since opendir is skipped, as a real directory would.
-            let Ok(attr) = self.core.lookup(ino.0, &entry.name) else {
+            let Ok(attr) = run(|| self.core.lookup(ino.0, &entry.name)) else {
                 continue;
             };
             if reply.add(
@@ -245,7 +260,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        match self.core.open(ino.0, flags.0) {
+        match run(|| self.core.open(ino.0, flags.0)) {
             Ok(o) => {
                 let mut fl = opened_flags(&o);
                 // Closing a handle that cannot write needs no FLUSH round trip, which would
@@ -269,7 +284,7 @@ impl Filesystem for FuseAdapter {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        match self.core.create(parent.0, name, mode & !umask, flags) {
+        match run(|| self.core.create(parent.0, name, mode & !umask, flags)) {
             Ok((attr, o)) => reply.created(
                 &ttl(&attr),
                 &file_attr(&attr),
@@ -293,13 +308,15 @@ impl Filesystem for FuseAdapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let result = if self.core.is_control(fh.0) {
-            self.core
-                .control_command(&String::from_utf8_lossy(data))
-                .map(|()| data.len() as u32)
-        } else {
-            self.core.write(fh.0, offset, data)
-        };
+        let result = run(|| {
+            if self.core.is_control(fh.0) {
+                self.core
+                    .control_command(&String::from_utf8_lossy(data))
+                    .map(|()| data.len() as u32)
+            } else {
+                self.core.write(fh.0, offset, data)
+            }
+        });
         match result {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(errno(&e)),
@@ -333,7 +350,7 @@ impl Filesystem for FuseAdapter {
             mtime: mtime.map(time),
             fh: fh.map(|f| f.0),
         };
-        match self.core.setattr(ino.0, &set) {
+        match run(|| self.core.setattr(ino.0, &set)) {
             Ok(attr) => reply.attr(&ttl(&attr), &file_attr(&attr)),
             Err(e) => reply.error(errno(&e)),
         }
@@ -348,21 +365,21 @@ impl Filesystem for FuseAdapter {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        match self.core.mkdir(parent.0, name, mode & !umask) {
+        match run(|| self.core.mkdir(parent.0, name, mode & !umask)) {
             Ok(attr) => reply.entry(&ttl(&attr), &file_attr(&attr), Generation(0)),
             Err(e) => reply.error(errno(&e)),
         }
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.core.unlink(parent.0, name) {
+        match run(|| self.core.unlink(parent.0, name)) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.core.rmdir(parent.0, name) {
+        match run(|| self.core.rmdir(parent.0, name)) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
@@ -382,10 +399,10 @@ impl Filesystem for FuseAdapter {
             noreplace: flags.contains(RenameFlags::RENAME_NOREPLACE),
             exchange: flags.contains(RenameFlags::RENAME_EXCHANGE),
         };
-        match self
-            .core
-            .rename(parent.0, name, newparent.0, newname, flags)
-        {
+        match run(|| {
+            self.core
+                .rename(parent.0, name, newparent.0, newname, flags)
+        }) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
@@ -399,7 +416,7 @@ impl Filesystem for FuseAdapter {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        match self.core.link(ino.0, newparent.0, newname) {
+        match run(|| self.core.link(ino.0, newparent.0, newname)) {
             Ok(attr) => reply.entry(&ttl(&attr), &file_attr(&attr), Generation(0)),
             Err(e) => reply.error(errno(&e)),
         }
@@ -413,7 +430,7 @@ impl Filesystem for FuseAdapter {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        match self.core.symlink(parent.0, link_name, target) {
+        match run(|| self.core.symlink(parent.0, link_name, target)) {
             Ok(attr) => reply.entry(&ttl(&attr), &file_attr(&attr), Generation(0)),
             Err(e) => reply.error(errno(&e)),
         }
@@ -427,7 +444,7 @@ impl Filesystem for FuseAdapter {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.core.fsync(ino.0, Some(fh.0)) {
+        match run(|| self.core.fsync(ino.0, Some(fh.0))) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
@@ -441,7 +458,7 @@ impl Filesystem for FuseAdapter {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.core.fsyncdir(ino.0) {
+        match run(|| self.core.fsyncdir(ino.0)) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
@@ -471,7 +488,7 @@ impl Filesystem for FuseAdapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match self.core.read(fh.0, offset, size) {
+        match run(|| self.core.read(fh.0, offset, size)) {
             Ok(data) => reply.data(&data),
             Err(e) => reply.error(errno(&e)),
         }
@@ -485,7 +502,7 @@ impl Filesystem for FuseAdapter {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        match self.core.flush(fh.0) {
+        match run(|| self.core.flush(fh.0)) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
@@ -501,7 +518,7 @@ impl Filesystem for FuseAdapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        match self.core.release(fh.0) {
+        match run(|| self.core.release(fh.0)) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
@@ -543,7 +560,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        match self.core.statfs() {
+        match run(|| self.core.statfs()) {
             Ok(s) => reply.statfs(
                 s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
             ),

@@ -339,6 +339,7 @@ fn a_shard_rewritten_outside_the_mount_is_seen() {
 fn inode_numbers_are_stable() {
     let fx = Fixture::new("native");
     let m = Mounted::new(fx.root(), &[], LIMIT);
+    let mut held = Vec::new();
     for rel in [
         "zp_1d_end_zstd_default",
         "zp_1d_end_zstd_default/c",
@@ -351,6 +352,31 @@ fn inode_numbers_are_stable() {
         let f = dir.metadata().unwrap();
         assert_eq!(l.ino(), f.ino(), "{rel}: lstat and fstat disagree");
         assert_eq!(fs::symlink_metadata(&p).unwrap().ino(), l.ino());
+        held.push((p, l.ino(), dir));
+    }
+    // After the kernel's cache expired, the daemon itself answers: the same numbers while
+    // the directories are held open.
+    std::thread::sleep(Duration::from_millis(1100));
+    for (p, ino, _dir) in &held {
+        assert_eq!(
+            fs::symlink_metadata(p).unwrap().ino(),
+            *ino,
+            "{}",
+            p.display()
+        );
+    }
+    // Names listed get the numbers a stat gives (readdirplus registers them).
+    let listed: Vec<(String, u64)> = fs::read_dir(m.path("zp_1d_end_zstd_default/c"))
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            use std::os::unix::fs::DirEntryExt;
+            (e.file_name().into_string().unwrap(), e.ino())
+        })
+        .collect();
+    for (name, d_ino) in listed {
+        let st = fs::metadata(m.path("zp_1d_end_zstd_default/c").join(&name)).unwrap();
+        assert_eq!(st.ino(), d_ino, "{name}: d_ino and st_ino disagree");
     }
     let chunk = m.path("zp_1d_end_zstd_default/c/1");
     let a = fs::metadata(&chunk).unwrap().ino();

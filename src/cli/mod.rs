@@ -161,7 +161,13 @@ fn mount(args: MountArgs) -> ExitCode {
     use crate::daemon::{MountConfig, default_log_file, run_foreground, spawn_daemon};
     use std::os::fd::{FromRawFd, OwnedFd};
 
-    let abs = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    // Canonical paths: the mount table and the checks compare them byte for byte. A dead
+    // mount point cannot be canonicalized; its absolute path is used then.
+    let abs = |p: &Path| {
+        std::fs::canonicalize(p)
+            .or_else(|_| std::path::absolute(p))
+            .unwrap_or_else(|_| p.to_path_buf())
+    };
     let config = MountConfig {
         backing: abs(&args.backing),
         mountpoint: abs(&args.mountpoint),

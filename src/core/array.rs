@@ -60,6 +60,14 @@ impl ArrayState {
         shard_prefix: &[u64],
         f: &mut dyn FnMut(Vec<u64>) -> ControlFlow<()>,
     ) -> Result<(), FsError> {
+        if self.layout.ndim() == 0 {
+            // The only shard of a 0-d array is a file named like a directory prefix.
+            let key = self.rel.join(self.layout.key_encoding.encode(&[]));
+            if backing.stat(&key)?.is_some_and(|m| m.is_file()) {
+                let _ = f(vec![]);
+            }
+            return Ok(());
+        }
         let dir = self.layout.key_encoding.prefix_dir(shard_prefix);
         let dir = join_rel(&self.rel, dir.as_ref());
         let mut filtered = |shard: Vec<u64>| {

@@ -143,7 +143,8 @@ def native(out):
             shard_coords = parse_key(key, enc, len(shape))
             for c in info["chunks"]:
                 coords = [sc * n + w for sc, n, w in zip(shard_coords, cps, c["coords"])]
-                chunk_files[encode_key(coords, enc)] = {"nbytes": c["nbytes"], "shard": key}
+                chunk_files[encode_key(coords, enc)] = {"nbytes": c["nbytes"], "shard": key,
+                                                        "offset": c["offset"]}
         grid_count = math.prod(-(-s // c) for s, c in zip(shape, shard))
         manifest.append({"name": name, "path": path, "writer": writer, "shards": shards,
                          "shard_grid_count": grid_count, "chunk_files": chunk_files})
