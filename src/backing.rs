@@ -120,11 +120,21 @@ impl Backing {
         let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
         let tmp = dir.join(format!(".{name}.shardfs-{}-{n}", std::process::id()));
         let result = (|| {
-            let mut file = fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o644)
-                .open(&tmp)?;
+            let open = || {
+                fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o644)
+                    .open(&tmp)
+            };
+            // Another writer may prune the directory between its making and our create.
+            let mut file = match open() {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    fs::create_dir_all(&dir)?;
+                    open()?
+                }
+                other => other?,
+            };
             crate::shard::write_all_vectored(&mut file, buffers)?;
             file.sync_data()?;
             fs::rename(&tmp, &path)?;

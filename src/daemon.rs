@@ -321,8 +321,10 @@ pub fn run_foreground(config: &MountConfig, ready: Option<OwnedFd>) -> Result<()
             .name("flusher".into())
             .spawn(move || {
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    std::thread::sleep(tick);
-                    core.tick();
+                    std::thread::park_timeout(tick);
+                    if !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        core.tick();
+                    }
                 }
             })
             .map_err(io_err(Path::new("flusher thread")))?
@@ -336,6 +338,7 @@ pub fn run_foreground(config: &MountConfig, ready: Option<OwnedFd>) -> Result<()
     drop(ready);
     let result = session.run();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    flusher.thread().unpark();
     let _ = flusher.join();
     // Whatever is still pending is written now; failures are retried for a while (the
     // disk may be freed), then named in the status file.

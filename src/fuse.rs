@@ -395,6 +395,9 @@ impl Filesystem for FuseAdapter {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        if flags.contains(RenameFlags::RENAME_WHITEOUT) {
+            return reply.error(Errno::from_i32(libc::EINVAL));
+        }
         let flags = CoreRenameFlags {
             noreplace: flags.contains(RenameFlags::RENAME_NOREPLACE),
             exchange: flags.contains(RenameFlags::RENAME_EXCHANGE),
@@ -525,6 +528,9 @@ impl Filesystem for FuseAdapter {
     }
 
     // Unsupported operations, each with the errno callers expect, and no log noise.
+    // Extended attributes: ENOSYS makes the kernel stop asking altogether; it would
+    // otherwise ask for security.capability before the first write to every file, one
+    // round trip per chunk file written.
     fn getxattr(
         &self,
         _req: &Request,
@@ -533,16 +539,11 @@ impl Filesystem for FuseAdapter {
         _size: u32,
         reply: ReplyXattr,
     ) {
-        reply.error(Errno::from_i32(libc::ENODATA));
+        reply.error(Errno::ENOSYS);
     }
 
-    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: ReplyXattr) {
-        // No attributes: the size of the empty list, or the empty list itself.
-        if size == 0 {
-            reply.size(0);
-        } else {
-            reply.data(&[]);
-        }
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, _size: u32, reply: ReplyXattr) {
+        reply.error(Errno::ENOSYS);
     }
 
     fn ioctl(

@@ -113,8 +113,8 @@ fn listings_follow_the_key_tree() {
     assert_eq!(
         listing(&fs, arr),
         vec![
-            ("zarr.json".to_string(), FileType::File),
-            ("c".to_string(), FileType::Dir)
+            ("c".to_string(), FileType::Dir),
+            ("zarr.json".to_string(), FileType::File)
         ]
     );
     let c = walk(&fs, "zp_1d_end_zstd_default/c").unwrap();

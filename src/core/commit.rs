@@ -52,7 +52,7 @@ impl ShardFs {
                         self.import_plain_chunks(dir, &sharded)?;
                         let doc_bytes = Node::Array(sharded).to_json_bytes();
                         self.backing
-                            .write_atomic(&doc, &[Bytes::from(doc_bytes)], false)?;
+                            .write_atomic(&doc, &[Bytes::from(doc_bytes)], true)?;
                         self.inodes.bump_generation();
                         return Ok(());
                     }
@@ -90,7 +90,7 @@ impl ShardFs {
             }
         };
         self.backing
-            .write_atomic(&doc, &[Bytes::from(stored)], false)?;
+            .write_atomic(&doc, &[Bytes::from(stored)], true)?;
         // Names below may now be chunk keys (or no longer): the kernel's inodes for them
         // are decided again.
         self.inodes.bump_generation();
@@ -170,26 +170,53 @@ impl ShardFs {
         if chunk_files.is_empty() {
             return Ok(());
         }
-        let mut shards = std::collections::BTreeSet::new();
+        // Read in, then moved aside: the shards may need the paths, and if one of them
+        // cannot be written, everything goes back as it was.
+        let staged = |rel: &Path| {
+            let name = rel.file_name().unwrap_or_default().to_string_lossy();
+            rel.with_file_name(format!(".{name}.shardfs-import"))
+        };
+        let mut contents = Vec::with_capacity(chunk_files.len());
         for (coords, rel) in &chunk_files {
             let data = self.backing.read(rel)?.unwrap_or_default();
-            let file = Arc::new(MemFile::new(FileData::from_bytes(Bytes::from(data)), 0o644));
-            self.shards.charge(file.len() as i64);
-            self.shards.put(&array, coords, file);
-            shards.insert(array.layout.locate(coords).shard);
+            contents.push((coords.clone(), Bytes::from(data)));
         }
-        // A chunk file may sit at a shard's path: the shard replaces it atomically, so the
-        // path always holds one or the other, whole.
-        for shard in &shards {
-            self.shards
-                .write_shard(&self.backing, &array, shard, WriteMode::Replace, false)?;
-        }
-        let shard_paths: std::collections::BTreeSet<PathBuf> =
-            shards.iter().map(|s| array.shard_rel(s)).collect();
         for (_, rel) in &chunk_files {
-            if !shard_paths.contains(rel) {
-                self.backing.remove_file(rel)?;
+            std::fs::rename(self.backing.path(rel), self.backing.path(&staged(rel)))?;
+        }
+        let mut shards = std::collections::BTreeSet::new();
+        for (coords, data) in contents {
+            let file = Arc::new(MemFile::new(FileData::from_bytes(data), 0o644));
+            self.shards.charge(file.len() as i64);
+            self.shards.put(&array, &coords, file);
+            shards.insert(array.layout.locate(&coords).shard);
+        }
+        let mut written = Vec::new();
+        for shard in &shards {
+            match self
+                .shards
+                .write_shard(&self.backing, &array, shard, WriteMode::Replace)
+            {
+                Ok(()) => written.push(array.shard_rel(shard)),
+                Err(e) => {
+                    for rel in &written {
+                        let _ = self.backing.remove_file(rel);
+                    }
+                    for (_, rel) in &chunk_files {
+                        let _ = std::fs::rename(
+                            self.backing.path(&staged(rel)),
+                            self.backing.path(rel),
+                        );
+                    }
+                    self.shards.forget_array(dir);
+                    warn!(array = %self.backing.path(dir).display(),
+                        "chunk files could not be moved into shards, left as they were: {e}");
+                    return Err(e);
+                }
             }
+        }
+        for (_, rel) in &chunk_files {
+            self.backing.remove_file(&staged(rel))?;
         }
         info!(array = %self.backing.path(dir).display(), chunks = chunk_files.len(),
             shards = shards.len(), "chunk files written before the metadata moved into shards");
@@ -229,13 +256,9 @@ impl ShardFs {
         let mut first_error = None;
         for p in self.shards.pending() {
             if p.array == array.rel
-                && let Err(e) = self.shards.write_shard(
-                    &self.backing,
-                    &array,
-                    &p.shard,
-                    WriteMode::Everything,
-                    false,
-                )
+                && let Err(e) =
+                    self.shards
+                        .write_shard(&self.backing, &array, &p.shard, WriteMode::Everything)
             {
                 first_error.get_or_insert(e);
             }

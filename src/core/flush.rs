@@ -30,7 +30,7 @@ impl ShardFs {
                 .as_ref()
                 .is_none_or(|f| now.duration_since(f.at) >= idle);
             if quiet && retry_due && p.all_settled {
-                let _ = self.write_pending(&p, WriteMode::Settled, false);
+                let _ = self.write_pending(&p, WriteMode::Settled);
             }
         }
         for (rel, file) in self.temps.all_files() {
@@ -49,12 +49,7 @@ impl ShardFs {
         self.relieve_memory();
     }
 
-    fn write_pending(
-        &self,
-        p: &PendingShard,
-        mode: WriteMode,
-        durable: bool,
-    ) -> Result<(), FsError> {
+    fn write_pending(&self, p: &PendingShard, mode: WriteMode) -> Result<(), FsError> {
         let Some(array) = self.array_at(&p.array)? else {
             return Err(FsError::Invalid(format!(
                 "{}: the array's metadata is gone; its pending chunks cannot be placed",
@@ -62,7 +57,7 @@ impl ShardFs {
             )));
         };
         self.shards
-            .write_shard(&self.backing, &array, &p.shard, mode, durable)
+            .write_shard(&self.backing, &array, &p.shard, mode)
     }
 
     /// Above the pending-memory limit, writes the biggest pending shards (their closed
@@ -78,7 +73,7 @@ impl ShardFs {
                 break;
             }
             if p.failure.is_none() {
-                let _ = self.write_pending(&p, WriteMode::Settled, false);
+                let _ = self.write_pending(&p, WriteMode::Settled);
             }
         }
     }
@@ -118,7 +113,7 @@ impl ShardFs {
             }
         }
         for p in self.shards.pending() {
-            if let Err(e) = self.write_pending(&p, WriteMode::Everything, true) {
+            if let Err(e) = self.write_pending(&p, WriteMode::Everything) {
                 let shard = self
                     .array_at(&p.array)
                     .ok()

@@ -361,12 +361,14 @@ impl ShardFs {
                 entries.extend(self.backing_listing(&info.rel, |n| hide_control(n))?);
             }
             NodeKind::ArrayDir(array) => {
-                entries.push(ListEntry::new(METADATA_FILE, FileType::File));
                 entries.extend(self.key_listing(array, &KeyNode::Root, &info.rel)?);
                 entries.extend(self.backing_listing(&info.rel, |name| {
                     hide_control(name)
                         && array.classify_name(&KeyNode::Root, name) == ArrayName::Other
                 })?);
+                // Last: tools that remove a tree in listing order (shutil.rmtree) then take
+                // the chunks out while the directory is still an array.
+                entries.push(ListEntry::new(METADATA_FILE, FileType::File));
             }
             NodeKind::ChunkDir { array, node } => {
                 entries.extend(self.key_listing(array, node, &info.rel)?);
@@ -480,7 +482,7 @@ impl ShardFs {
                         self.backing.read(&info.rel)?.unwrap_or_default(),
                     ))
                 };
-                self.start_temp(&info, content);
+                handle.mark_dirty(&self.start_temp(&info, content));
                 keep_cache = false;
             }
             NodeKind::File => {
@@ -498,7 +500,7 @@ impl ShardFs {
                 } else {
                     FileData::from_bytes(array.view_json.clone())
                 };
-                self.start_temp(&info, content);
+                handle.mark_dirty(&self.start_temp(&info, content));
                 keep_cache = false;
             }
             NodeKind::GroupMeta(group) if writable => {
@@ -507,7 +509,7 @@ impl ShardFs {
                 } else {
                     FileData::from_bytes(group.json.clone())
                 };
-                self.start_temp(&info, content);
+                handle.mark_dirty(&self.start_temp(&info, content));
                 keep_cache = false;
             }
             NodeKind::ArrayMeta(array) => handle.bytes = Some(array.view_json.clone()),
@@ -519,21 +521,29 @@ impl ShardFs {
             }
             NodeKind::Temp(file) => {
                 if truncate {
-                    let delta = file.change(|d| d.truncate(0));
+                    let delta = file.change(|d| d.truncate(0)).unwrap_or(0);
                     self.charge_temp(file, delta);
+                }
+                if writable {
+                    // A writer from open to FLUSH: the content is not final meanwhile.
+                    handle.mark_dirty(file);
                 }
             }
             NodeKind::Chunk { array, coords } => {
                 if writable {
-                    self.shards
-                        .open_for_write(&self.backing, array, coords, truncate)?;
+                    let target =
+                        self.shards
+                            .open_for_write(&self.backing, array, coords, truncate)?;
+                    handle.mark_dirty(&target);
                 } else {
                     match self.shards.chunk(&self.backing, array, coords)? {
                         ChunkData::Absent => return Err(FsError::NotFound),
-                        ChunkData::Stored(c) => {
-                            let file = Arc::new(c.open(&self.backing)?);
-                            *lock(&handle.stored) = Some((c, file));
-                        }
+                        ChunkData::Stored(c) => match c.open(&self.backing) {
+                            Ok(file) => *lock(&handle.stored) = Some((c, Arc::new(file))),
+                            // Rewritten between the index and the open: look again.
+                            Err(FsError::Changed) => return self.open(ino, flags),
+                            Err(e) => return Err(e),
+                        },
                         ChunkData::Pending(_) => {}
                         ChunkData::Damaged { path, reason, .. } => {
                             return Err(FsError::DamagedShard { path, reason });
@@ -557,13 +567,14 @@ impl ShardFs {
 
     /// Makes the file at `info` an in-memory file with `content` (a `zarr.json` opened for
     /// writing).
-    fn start_temp(&self, info: &NodeInfo, content: FileData) {
+    fn start_temp(&self, info: &NodeInfo, content: FileData) -> Arc<MemFile> {
         let file = Arc::new(MemFile::new(content, 0o644));
         self.shards.charge(file.len() as i64);
         if let Some(old) = self.temps.insert_file(&info.rel, file.clone()) {
             self.shards.charge(-(old.len() as i64));
         }
-        self.inodes.set_kind(info.ino, NodeKind::Temp(file));
+        self.inodes.set_kind(info.ino, NodeKind::Temp(file.clone()));
+        file
     }
 
     pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Bytes, FsError> {
@@ -597,11 +608,19 @@ impl ShardFs {
                             Some((p, f)) if p.version == c.version && p.range == c.range => {
                                 f.clone()
                             }
-                            _ => {
-                                let f = Arc::new(c.open(&self.backing)?);
-                                *pinned = Some((c.clone(), f.clone()));
-                                f
-                            }
+                            _ => match c.open(&self.backing) {
+                                Ok(f) => {
+                                    let f = Arc::new(f);
+                                    *pinned = Some((c.clone(), f.clone()));
+                                    f
+                                }
+                                // Rewritten between the index and the open: look again.
+                                Err(FsError::Changed) => {
+                                    drop(pinned);
+                                    return self.read(fh, offset, size as u32);
+                                }
+                                Err(e) => return Err(e),
+                            },
                         };
                         Ok(Bytes::from(read_chunk_part(&file, c.range, offset, size)?))
                     }

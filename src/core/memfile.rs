@@ -144,6 +144,9 @@ pub struct MemState {
     /// still the latest content.
     pub version: u64,
     pub mode: u32,
+    /// Written into its shard and dropped from the pending set: a change now would be
+    /// lost, so changes are refused and the writer starts again from the shard.
+    pub retired: bool,
 }
 
 impl MemFile {
@@ -154,6 +157,7 @@ impl MemFile {
                 mtime: SystemTime::now(),
                 unflushed: 0,
                 version: 0,
+                retired: false,
                 mode,
             }),
         }
@@ -172,14 +176,28 @@ impl MemFile {
     }
 
     /// Applies `f` to the content, stamping a new version and mtime. Returns the change in
-    /// length.
-    pub fn change(&self, f: impl FnOnce(&mut FileData)) -> i64 {
+    /// length, or `None` when the file was retired (its content went into a shard and it
+    /// is no longer where writes should go).
+    pub fn change(&self, f: impl FnOnce(&mut FileData)) -> Option<i64> {
         let mut s = lock(&self.state);
+        if s.retired {
+            return None;
+        }
         let before = s.data.len() as i64;
         f(&mut s.data);
         s.version += 1;
         s.mtime = SystemTime::now();
-        s.data.len() as i64 - before
+        Some(s.data.len() as i64 - before)
+    }
+
+    /// Retires the file if its content is still at `version`: checked and done under the
+    /// file's own lock, so that no change can slip in between.
+    pub fn retire_at(&self, version: u64) -> bool {
+        let mut s = lock(&self.state);
+        if s.version == version {
+            s.retired = true;
+        }
+        s.retired
     }
 
     pub fn with<R>(&self, f: impl FnOnce(&mut MemState) -> R) -> R {

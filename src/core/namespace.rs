@@ -165,9 +165,25 @@ impl ShardFs {
                 return Err(FsError::Invalid("a file named like a key directory".into()));
             }
         };
+        // A writer from creation to FLUSH: the content is not final meanwhile.
+        let written = match &kind {
+            NodeKind::Temp(f) => Some(f.clone()),
+            NodeKind::Chunk { array, coords } => {
+                Some(
+                    self.shards
+                        .open_for_write(&self.backing, array, coords, false)?,
+                )
+            }
+            _ => None,
+        };
         let attr = self.enter(parent, name, kind)?;
         let mut handle = FileHandle::new(attr.ino, writable);
         handle.backing = backing_file;
+        if let Some(f) = written
+            && writable
+        {
+            handle.mark_dirty(&f);
+        }
         let fh = self.handles.insert(Handle::File(handle));
         Ok((
             attr,
@@ -276,7 +292,15 @@ impl ShardFs {
             Place::Meta(dir) => {
                 let data = file.snapshot().data;
                 self.commit_metadata(dir, &data.read(0, data.len()))?;
-                self.resolve_path(&dir.join(METADATA_FILE))
+                // An older copy being written in place is replaced by this document.
+                let doc = dir.join(METADATA_FILE);
+                if let Some(old) = self.temps.file(&doc)
+                    && !Arc::ptr_eq(&old, &file)
+                {
+                    self.temps.remove_file(&doc);
+                    self.shards.charge(-(old.len() as i64));
+                }
+                self.resolve_path(&doc)
             }
             Place::KeyDir(..) => Err(FsError::IsDir),
         }
@@ -343,7 +367,7 @@ impl ShardFs {
                 if !self.shards.delete(&self.backing, array, coords)? {
                     return Err(FsError::NotFound);
                 }
-                return self.complete_if_ready(array, coords);
+                return self.complete_if_ready(array, coords, false);
             }
             NodeKind::Temp(_) => {
                 self.detach_name(parent, name, &kind, &rel);
@@ -486,15 +510,11 @@ impl ShardFs {
                 if let NodeKind::ArrayMeta(array) = &src {
                     self.flush_array_at(&array.rel)?;
                 }
-                // Metadata first: a refused document leaves the source untouched.
-                if let Place::Meta(_) = place {
-                    let kind = self.put_content(&place, content)?;
-                    self.remove_content(&src, &src_rel)?;
-                    kind
-                } else {
-                    self.remove_content(&src, &src_rel)?;
-                    self.put_content(&place, content)?
-                }
+                // The destination first: when it fails (a refused document, a full
+                // disk), the source is untouched.
+                let kind = self.put_content(&place, content)?;
+                self.remove_content(&src, &src_rel)?;
+                kind
             }
         };
         match src_ino {
@@ -508,12 +528,12 @@ impl ShardFs {
         // A chunk that left a shard, or arrived closed, may complete it.
         let mut result = Ok(());
         if let NodeKind::Chunk { array, coords } = &src
-            && let Err(e) = self.complete_if_ready(array, coords)
+            && let Err(e) = self.complete_if_ready(array, coords, false)
         {
             result = Err(e);
         }
         if let NodeKind::Chunk { array, coords } = &new_kind
-            && let Err(e) = self.complete_if_ready(array, coords)
+            && let Err(e) = self.complete_if_ready(array, coords, false)
         {
             result = result.and(Err(e));
         }
@@ -613,11 +633,13 @@ impl ShardFs {
                 self.put_content(&place, copy)?
             }
         };
-        let attr = self.enter(newparent, newname, kind.clone())?;
-        if let NodeKind::Chunk { array, coords } = &kind {
-            self.complete_if_ready(array, coords)?;
+        if let NodeKind::Chunk { array, coords } = &kind
+            && let Err(e) = self.complete_if_ready(array, coords, false)
+        {
+            // The link is made; the shard stays pending and the failure is recorded.
+            warn!("shard write after link failed: {e}");
         }
-        Ok(attr)
+        self.enter(newparent, newname, kind)
     }
 
     pub fn symlink(&self, parent: Ino, name: &OsStr, target: &Path) -> Result<Attr, FsError> {

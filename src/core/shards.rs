@@ -123,7 +123,8 @@ pub enum ChunkData {
     },
 }
 
-/// What a shard write includes, and how durable it must be.
+/// What a shard write includes. Every shard write is durable: file synced, then renamed,
+/// then its directory synced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WriteMode {
     /// Every position is accounted for: no merge expected.
@@ -257,15 +258,15 @@ impl ShardRegistry {
             shards.insert(s);
             ControlFlow::Continue(())
         })?;
-        {
-            let slots = lock(&self.slots);
-            for ((rel, shard), slot) in slots.range((array.rel.clone(), vec![])..) {
-                if *rel != array.rel {
-                    break;
-                }
-                if shard.starts_with(&shard_prefix) && !lock(&slot.state).pending.is_empty() {
-                    shards.insert(shard.clone());
-                }
+        let candidates: Vec<(Vec<u64>, Arc<ShardSlot>)> = lock(&self.slots)
+            .range((array.rel.clone(), vec![])..)
+            .take_while(|((rel, _), _)| *rel == array.rel)
+            .filter(|((_, shard), _)| shard.starts_with(&shard_prefix))
+            .map(|((_, shard), slot)| (shard.clone(), slot.clone()))
+            .collect();
+        for (shard, slot) in candidates {
+            if !lock(&slot.state).pending.is_empty() {
+                shards.insert(shard);
             }
         }
         for shard in shards {
@@ -341,8 +342,10 @@ impl ShardRegistry {
         let mut st = lock(&slot.state);
         if let Some(m) = st.pending.get(&loc.pos).cloned() {
             if truncate {
-                let delta = m.change(|d| d.truncate(0));
+                let delta = m.change(|d| d.truncate(0)).unwrap_or(0);
                 self.charge(delta);
+                // Emptied for a new writer: not done until that writer closes it.
+                st.done.remove(&loc.pos);
             }
             return Ok(m);
         }
@@ -433,7 +436,9 @@ impl ShardRegistry {
             None => false,
         };
         let existed = had_pending.is_some() || (stored && !st.deleted.contains(&loc.pos));
-        if stored {
+        // Recorded even when only pending: a shard write in flight may carry the chunk into
+        // the file, and the deletion must then win.
+        if stored || had_pending.is_some() {
             st.deleted.insert(loc.pos);
         }
         if existed {
@@ -489,7 +494,6 @@ impl ShardRegistry {
         array: &ArrayState,
         shard: &[u64],
         mode: WriteMode,
-        durable: bool,
     ) -> Result<(), FsError> {
         let slot = self.slot(array, shard);
         let _writer = lock(&slot.writing);
@@ -497,7 +501,7 @@ impl ShardRegistry {
         let format = array.layout.index.clone();
 
         // What goes into the new file, taken under the lock; the I/O happens outside it.
-        let (chosen, deleted, stored) = {
+        let (chosen, deleted, done, stored) = {
             let mut st = lock(&slot.state);
             let chosen: Vec<(usize, Arc<MemFile>, u64, Vec<Bytes>)> = st
                 .pending
@@ -514,25 +518,25 @@ impl ShardRegistry {
             if chosen.is_empty() && deleted.is_empty() {
                 return Ok(());
             }
+            let done = st.done.clone();
             let stored = match mode {
                 WriteMode::Replace => None,
                 _ => self.stored(backing, array, shard, &mut st)?,
             };
-            (chosen, deleted, stored)
+            (chosen, deleted, done, stored)
         };
-        let result = self.assemble_and_write(
-            backing, &rel, &format, &chosen, &deleted, stored, mode, durable,
-        );
+        let result =
+            self.assemble_and_write(backing, &rel, &format, &chosen, &deleted, stored, mode);
 
         let mut st = lock(&slot.state);
         match result {
             Ok(written) => {
                 for (pos, m, version, _) in &chosen {
-                    let unchanged = st
-                        .pending
-                        .get(pos)
-                        .is_some_and(|cur| Arc::ptr_eq(cur, m) && m.snapshot().version == *version);
-                    if unchanged {
+                    // Retired under the file's own lock only if unchanged since the
+                    // snapshot; a writer that comes later finds it retired and starts again
+                    // from the shard just written.
+                    let current = st.pending.get(pos).is_some_and(|cur| Arc::ptr_eq(cur, m));
+                    if current && m.retire_at(*version) {
                         st.pending.remove(pos);
                         self.charge(-(m.len() as i64));
                     }
@@ -542,7 +546,9 @@ impl ShardRegistry {
                 }
                 st.stored = written;
                 if mode == WriteMode::Complete {
-                    st.done.clear();
+                    // The round is over for what was done when it was taken; positions done
+                    // while the write was in flight belong to the next round.
+                    st.done.retain(|p| !done.contains(p));
                 }
                 st.failure = None;
                 Ok(())
@@ -570,7 +576,6 @@ impl ShardRegistry {
         deleted: &BTreeSet<usize>,
         stored: Option<StoredIndex>,
         mode: WriteMode,
-        durable: bool,
     ) -> Result<Option<StoredIndex>, FsError> {
         let mut builder = ShardBuilder::new(format.clone());
         let replaced: BTreeSet<usize> = chosen.iter().map(|(p, ..)| *p).collect();
@@ -618,7 +623,9 @@ impl ShardRegistry {
             }
             return Ok(None);
         };
-        let meta = backing.write_atomic(rel, encoded.buffers(), durable)?;
+        // Always with the directory synced: an fsync of the directory that comes after a
+        // write at completion finds nothing pending and must find it durable.
+        let meta = backing.write_atomic(rel, encoded.buffers(), true)?;
         Stats::add(&self.stats.shards_written, 1);
         Stats::add(&self.stats.bytes_written, encoded.len());
         if mode != WriteMode::Complete {
@@ -666,7 +673,14 @@ impl ShardRegistry {
 
     /// Drops the cached state of the array at `rel` (its directory is gone).
     pub fn forget_array(&self, rel: &std::path::Path) {
-        lock(&self.slots).retain(|(r, _), _| !r.starts_with(rel));
+        let mut slots = lock(&self.slots);
+        for ((r, _), slot) in slots.iter() {
+            if r.starts_with(rel) {
+                let held: u64 = lock(&slot.state).pending.values().map(|m| m.len()).sum();
+                self.charge(-(held as i64));
+            }
+        }
+        slots.retain(|(r, _), _| !r.starts_with(rel));
     }
 }
 

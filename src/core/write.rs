@@ -70,26 +70,47 @@ impl ShardFs {
             return Ok(data.len() as u32);
         }
         let info = self.node(h.ino)?;
-        let Some(target) = self.write_target(&info.kind)? else {
+        if matches!(info.kind, NodeKind::File) {
             // A temporary file that went to BACKING while this handle was open.
-            if matches!(info.kind, NodeKind::File) {
-                let file = std::fs::OpenOptions::new()
-                    .write(true)
-                    .open(self.backing.path(&info.rel))?;
-                file.write_all_at(data, offset)?;
-                return Ok(data.len() as u32);
-            }
-            return Err(FsError::BadHandle);
-        };
-        h.mark_dirty(&target);
-        let segment = Bytes::copy_from_slice(data);
-        let delta = target.change(|d| d.write(offset, segment));
-        match &info.kind {
-            NodeKind::Chunk { .. } => self.shards.charge(delta),
-            _ => self.charge_temp(&target, delta),
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(self.backing.path(&info.rel))?
+                .write_all_at(data, offset)?;
+            return Ok(data.len() as u32);
         }
+        let segment = Bytes::copy_from_slice(data);
+        self.change_file(Some(h), &info.kind, |d| d.write(offset, segment.clone()))?;
         self.relieve_memory();
         Ok(data.len() as u32)
+    }
+
+    /// Applies `f` to the in-memory file that inode `kind` writes to, as a change made
+    /// through handle `h` (if any). A pending chunk can be retired (written into its shard)
+    /// between finding it and changing it: it is then found again, made anew from the
+    /// shard, and `f` applied to that.
+    fn change_file(
+        &self,
+        h: Option<&super::handle::FileHandle>,
+        kind: &NodeKind,
+        f: impl Fn(&mut super::memfile::FileData),
+    ) -> Result<(), FsError> {
+        for _ in 0..8 {
+            let Some(target) = self.write_target(kind)? else {
+                return Err(FsError::BadHandle);
+            };
+            if let Some(h) = h {
+                h.mark_dirty(&target);
+            }
+            let Some(delta) = target.change(&f) else {
+                continue;
+            };
+            match kind {
+                NodeKind::Chunk { .. } => self.shards.charge(delta),
+                _ => self.charge_temp(&target, delta),
+            }
+            return Ok(());
+        }
+        Err(FsError::Changed)
     }
 
     /// FLUSH, sent at every close: the content this handle wrote is final. A chunk whose
@@ -110,7 +131,7 @@ impl ShardFs {
         match &info.kind {
             NodeKind::Chunk { array, coords } => {
                 self.shards.settle(array, coords);
-                self.complete_if_ready(array, coords)
+                self.complete_if_ready(array, coords, true)
             }
             NodeKind::Temp(f)
                 if !info.detached && info.rel.file_name() == Some(METADATA_FILE.as_ref()) =>
@@ -119,14 +140,20 @@ impl ShardFs {
                 let bytes: Vec<u8> = content.read(0, content.len());
                 let dir = info.rel.parent().unwrap_or(Path::new("")).to_path_buf();
                 let committed = self.commit_metadata(&dir, &bytes);
-                // Stored or refused, the document leaves memory: a refused one is the
-                // writer's to fix, told by the error of this close.
+                // Stored or refused, the document leaves memory (a refused one is the
+                // writer's to fix, told by the error of this close); one that could not
+                // be written stays, for a retry.
+                if let Err(e) = committed {
+                    if matches!(e, FsError::Invalid(_)) {
+                        if let Some(old) = self.temps.remove_file(&info.rel) {
+                            self.shards.charge(-(old.len() as i64));
+                        }
+                        self.inodes.detach(info.parent, &info.name, None);
+                    }
+                    return Err(e);
+                }
                 if let Some(old) = self.temps.remove_file(&info.rel) {
                     self.shards.charge(-(old.len() as i64));
-                }
-                if let Err(e) = committed {
-                    self.inodes.detach(info.parent, &info.name, None);
-                    return Err(e);
                 }
                 self.inodes.rekind_file(f, self.resolve_path(&info.rel)?);
                 Ok(())
@@ -147,26 +174,24 @@ impl ShardFs {
         result
     }
 
-    /// Writes the shard holding `coords` when it is complete, and reports a failure of the
-    /// last write of that shard.
+    /// Writes the shard holding `coords` when it is complete, durably (with its directory).
+    /// With `sticky`, a failure of an earlier write of that shard is reported too (at
+    /// close: the writer learns that its data is not in BACKING yet).
     pub(crate) fn complete_if_ready(
         &self,
         array: &ArrayState,
         coords: &[u64],
+        sticky: bool,
     ) -> Result<(), FsError> {
         let shard = array.layout.locate(coords).shard;
         if self.shards.ready(&self.backing, array, &shard) {
-            return self.shards.write_shard(
-                &self.backing,
-                array,
-                &shard,
-                WriteMode::Complete,
-                false,
-            );
+            return self
+                .shards
+                .write_shard(&self.backing, array, &shard, WriteMode::Complete);
         }
         match self.shards.failure(array, &shard) {
-            Some(f) => Err(FsError::Failed(f.message, f.errno)),
-            None => Ok(()),
+            Some(f) if sticky => Err(FsError::Failed(f.message, f.errno)),
+            _ => Ok(()),
         }
     }
 
@@ -178,7 +203,7 @@ impl ShardFs {
             NodeKind::Chunk { array, coords } => {
                 let shard = array.layout.locate(coords).shard;
                 self.shards
-                    .write_shard(&self.backing, array, &shard, WriteMode::Everything, true)
+                    .write_shard(&self.backing, array, &shard, WriteMode::Everything)
             }
             NodeKind::Temp(file)
                 if !info.detached && info.rel.file_name() == Some(METADATA_FILE.as_ref()) =>
@@ -229,13 +254,9 @@ impl ShardFs {
         let mut first_error = None;
         for p in self.shards.pending() {
             if p.array == array.rel && p.shard.starts_with(&shard_prefix) {
-                let r = self.shards.write_shard(
-                    &self.backing,
-                    array,
-                    &p.shard,
-                    WriteMode::Everything,
-                    true,
-                );
+                let r =
+                    self.shards
+                        .write_shard(&self.backing, array, &p.shard, WriteMode::Everything);
                 if let Err(e) = r {
                     first_error.get_or_insert(e);
                 }
@@ -279,26 +300,20 @@ impl ShardFs {
             }
             NodeKind::Temp(_) | NodeKind::Chunk { .. } => {
                 if let Some(size) = set.size {
-                    let target = match &info.kind {
-                        NodeKind::Chunk { array, coords } => {
-                            self.shards
-                                .open_for_write(&self.backing, array, coords, size == 0)?
-                        }
-                        NodeKind::Temp(f) => f.clone(),
-                        _ => unreachable!("matched above"),
-                    };
-                    let delta = target.change(|d| d.truncate(size));
-                    match &info.kind {
-                        NodeKind::Chunk { .. } => self.shards.charge(delta),
-                        _ => self.charge_temp(&target, delta),
+                    if size == 0
+                        && let NodeKind::Chunk { array, coords } = &info.kind
+                    {
+                        // Truncation to nothing needs nothing of the stored chunk.
+                        self.shards
+                            .open_for_write(&self.backing, array, coords, true)?;
                     }
                     // A truncation through an open handle counts as that handle's write.
-                    if let Some(Ok(h)) = set.fh.map(|fh| self.handles.get(fh))
-                        && let Handle::File(f) = h.as_ref()
-                        && f.writable
-                    {
-                        f.mark_dirty(&target);
-                    }
+                    let handle = set.fh.and_then(|fh| self.handles.get(fh).ok());
+                    let writer = match handle.as_deref() {
+                        Some(Handle::File(f)) if f.writable => Some(f),
+                        _ => None,
+                    };
+                    self.change_file(writer, &info.kind, |d| d.truncate(size))?;
                 }
                 // Permissions and times of files in memory: kept for what they report.
                 let file = match &info.kind {
