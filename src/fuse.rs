@@ -51,6 +51,20 @@ fn run<T>(f: impl FnOnce() -> Result<T, FsError>) -> Result<T, FsError> {
     })
 }
 
+fn empty(reply: ReplyEmpty, r: Result<(), FsError>) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(errno(&e)),
+    }
+}
+
+fn entry(reply: ReplyEntry, r: Result<Attr, FsError>) {
+    match r {
+        Ok(attr) => reply.entry(&ttl(&attr), &file_attr(&attr), Generation(0)),
+        Err(e) => reply.error(errno(&e)),
+    }
+}
+
 fn errno(e: &FsError) -> Errno {
     debug!("request failed: {e}");
     Errno::from_i32(e.to_errno())
@@ -133,10 +147,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match run(|| self.core.lookup(parent.0, name)) {
-            Ok(attr) => reply.entry(&ttl(&attr), &file_attr(&attr), Generation(0)),
-            Err(e) => reply.error(errno(&e)),
-        }
+        entry(reply, run(|| self.core.lookup(parent.0, name)));
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
@@ -365,24 +376,18 @@ impl Filesystem for FuseAdapter {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        match run(|| self.core.mkdir(parent.0, name, mode & !umask)) {
-            Ok(attr) => reply.entry(&ttl(&attr), &file_attr(&attr), Generation(0)),
-            Err(e) => reply.error(errno(&e)),
-        }
+        entry(
+            reply,
+            run(|| self.core.mkdir(parent.0, name, mode & !umask)),
+        );
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match run(|| self.core.unlink(parent.0, name)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        empty(reply, run(|| self.core.unlink(parent.0, name)));
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match run(|| self.core.rmdir(parent.0, name)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        empty(reply, run(|| self.core.rmdir(parent.0, name)));
     }
 
     fn rename(
@@ -419,10 +424,7 @@ impl Filesystem for FuseAdapter {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        match run(|| self.core.link(ino.0, newparent.0, newname)) {
-            Ok(attr) => reply.entry(&ttl(&attr), &file_attr(&attr), Generation(0)),
-            Err(e) => reply.error(errno(&e)),
-        }
+        entry(reply, run(|| self.core.link(ino.0, newparent.0, newname)));
     }
 
     fn symlink(
@@ -433,10 +435,10 @@ impl Filesystem for FuseAdapter {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        match run(|| self.core.symlink(parent.0, link_name, target)) {
-            Ok(attr) => reply.entry(&ttl(&attr), &file_attr(&attr), Generation(0)),
-            Err(e) => reply.error(errno(&e)),
-        }
+        entry(
+            reply,
+            run(|| self.core.symlink(parent.0, link_name, target)),
+        );
     }
 
     fn fsync(
@@ -447,10 +449,7 @@ impl Filesystem for FuseAdapter {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match run(|| self.core.fsync(ino.0, Some(fh.0))) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        empty(reply, run(|| self.core.fsync(ino.0, Some(fh.0))));
     }
 
     fn fsyncdir(
@@ -461,10 +460,7 @@ impl Filesystem for FuseAdapter {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match run(|| self.core.fsyncdir(ino.0)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        empty(reply, run(|| self.core.fsyncdir(ino.0)));
     }
 
     fn fallocate(
@@ -505,10 +501,7 @@ impl Filesystem for FuseAdapter {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        match run(|| self.core.flush(fh.0)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        empty(reply, run(|| self.core.flush(fh.0)));
     }
 
     fn release(
@@ -521,10 +514,7 @@ impl Filesystem for FuseAdapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        match run(|| self.core.release(fh.0)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        empty(reply, run(|| self.core.release(fh.0)));
     }
 
     // Unsupported operations, each with the errno callers expect, and no log noise.

@@ -9,6 +9,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use common::assert_ok;
 use common::mount::{Mounted, is_mounted, python_timeout, run_timeout, shardfs_timeout};
 use common::{copy_tree, files_below, run_fixtures, stderr, stdout};
 use serde_json::Value;
@@ -33,15 +34,6 @@ impl Fixture {
     fn root(&self) -> &Path {
         self.dir.path()
     }
-}
-
-fn assert_ok(out: &std::process::Output, what: &str) {
-    assert!(
-        out.status.success(),
-        "{what}:\n{}\n{}",
-        stdout(out),
-        stderr(out)
-    );
 }
 
 #[test]

@@ -9,6 +9,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use common::assert_ok;
 use common::mount::{Mounted, python_timeout, run_timeout, shardfs_timeout};
 use common::{files_below, run_fixtures, stderr, stdout};
 use serde_json::Value;
@@ -27,15 +28,6 @@ fn writer(scenario: &str, root: &Path, out: &Path) -> std::process::Output {
             .args([scenario, root.to_str().unwrap(), out.to_str().unwrap()]),
         CLIENT,
     )
-}
-
-fn assert_ok(out: &std::process::Output, what: &str) {
-    assert!(
-        out.status.success(),
-        "{what}:\n{}\n{}",
-        stdout(out),
-        stderr(out)
-    );
 }
 
 fn stats(m: &Mounted) -> Value {

@@ -16,6 +16,18 @@ pub enum ShardFileError {
     Index(#[from] IndexError),
 }
 
+/// The index bytes of a shard file of `file_len` bytes.
+fn index_bytes(
+    file: &File,
+    file_len: u64,
+    format: &IndexFormat,
+) -> Result<Vec<u8>, ShardFileError> {
+    let offset = format.index_offset(file_len)?;
+    let mut buf = vec![0u8; format.encoded_len() as usize];
+    file.read_exact_at(&mut buf, offset)?;
+    Ok(buf)
+}
+
 /// Reads and decodes the index of a shard file of `file_len` bytes without judging it:
 /// the checksum verdict is returned, the ranges are not checked.
 pub fn read_index_lenient(
@@ -23,10 +35,7 @@ pub fn read_index_lenient(
     file_len: u64,
     format: &IndexFormat,
 ) -> Result<DecodedIndex, ShardFileError> {
-    let offset = format.index_offset(file_len)?;
-    let mut buf = vec![0u8; format.encoded_len() as usize];
-    file.read_exact_at(&mut buf, offset)?;
-    Ok(format.decode_lenient(&buf)?)
+    Ok(format.decode_lenient(&index_bytes(file, file_len, format)?)?)
 }
 
 /// Reads the index and checks everything: checksum, ranges inside the file and outside the
@@ -36,10 +45,7 @@ pub fn read_index(
     file_len: u64,
     format: &IndexFormat,
 ) -> Result<ShardIndex, ShardFileError> {
-    let offset = format.index_offset(file_len)?;
-    let mut buf = vec![0u8; format.encoded_len() as usize];
-    file.read_exact_at(&mut buf, offset)?;
-    let index = format.decode(&buf)?;
+    let index = format.decode(&index_bytes(file, file_len, format)?)?;
     format.validate(&index, file_len)?;
     Ok(index)
 }

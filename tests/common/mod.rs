@@ -48,6 +48,16 @@ pub fn shardfs(args: &[&str]) -> Output {
         .expect("shardfs runs")
 }
 
+/// Fails the test with the command's output unless it succeeded.
+pub fn assert_ok(out: &Output, what: &str) {
+    assert!(
+        out.status.success(),
+        "{what}:\n{}\n{}",
+        stdout(out),
+        stderr(out)
+    );
+}
+
 pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
