@@ -207,7 +207,7 @@ fn mount(args: MountArgs) -> ExitCode {
 /// Logs go to stderr (the log file, for a background daemon); SHARDFS_LOG sets the filter.
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("SHARDFS_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,fuser=warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,fuser=error"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
