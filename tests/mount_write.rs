@@ -672,3 +672,50 @@ fn a_full_backing_store_fails_the_writer_and_loses_nothing() {
     check_backing(&backing, &out, &["full"]);
     drop(m);
 }
+
+#[test]
+fn a_killed_daemon_loses_only_what_was_never_synced() {
+    let (_d, backing, _) = dirs();
+    let m = Mounted::new(
+        &backing,
+        &["--chunks-per-shard", "2", "--idle-flush", "600"],
+        LIMIT,
+    );
+    let arr = small_array(&m, "a");
+    fs::create_dir_all(arr.join("c/0")).unwrap();
+    fs::create_dir_all(arr.join("c/3")).unwrap();
+    fs::write(arr.join("c/0/0"), chunk(1)).unwrap();
+    let mut b = fs::File::create(arr.join("c/0/1")).unwrap();
+    b.write_all(&chunk(2)).unwrap();
+    b.sync_all().unwrap();
+    drop(b);
+    fs::write(arr.join("c/3/3"), chunk(3)).unwrap();
+    let kill = run_timeout(
+        std::process::Command::new("kill")
+            .arg("-KILL")
+            .arg(m.pid.to_string()),
+        CLIENT,
+    );
+    assert_ok(&kill, "kill");
+    m.wait_daemon_gone(Duration::from_secs(30));
+    let cleared = m.unmount(&[]);
+    assert_eq!(cleared.status.code(), Some(1));
+    // No torn shard, and the fsync'ed shard holds both chunks written before the fsync.
+    let v = shardfs_timeout(&["verify", backing.to_str().unwrap()], CLIENT);
+    assert_eq!(v.status.code(), Some(0), "{}", stdout(&v));
+    let check = [
+        "import sys, zarr",
+        "a = zarr.open_array(sys.argv[1], mode='r')",
+        "assert (a[0:16, 0:16] == 1).all()",
+        "assert (a[0:16, 16:32] == 2).all()",
+        "assert (a[48:64, 48:64] == 0).all()",
+    ]
+    .join("\n");
+    let r = run_timeout(
+        std::process::Command::new(common::python())
+            .args(["-c", &check])
+            .arg(backing.join("a")),
+        CLIENT,
+    );
+    assert_ok(&r, "native read after the kill");
+}
