@@ -494,26 +494,25 @@ impl ShardFs {
                     .append(flags & libc::O_APPEND != 0);
                 handle.backing = Some(options.open(self.backing.path(&info.rel))?);
             }
-            NodeKind::ArrayMeta(array) if writable => {
-                let content = if truncate {
-                    FileData::default()
-                } else {
-                    FileData::from_bytes(array.view_json.clone())
+            NodeKind::ArrayMeta(_) | NodeKind::GroupMeta(_) => {
+                let view = match &info.kind {
+                    NodeKind::ArrayMeta(array) => array.view_json.clone(),
+                    NodeKind::GroupMeta(group) => group.json.clone(),
+                    _ => unreachable!("matched above"),
                 };
-                handle.mark_dirty(&self.start_temp(&info, content));
-                keep_cache = false;
-            }
-            NodeKind::GroupMeta(group) if writable => {
-                let content = if truncate {
-                    FileData::default()
+                if writable {
+                    // Written as the view it shows; committed (translated back) at FLUSH.
+                    let content = if truncate {
+                        FileData::default()
+                    } else {
+                        FileData::from_bytes(view)
+                    };
+                    handle.mark_dirty(&self.start_temp(&info, content));
+                    keep_cache = false;
                 } else {
-                    FileData::from_bytes(group.json.clone())
-                };
-                handle.mark_dirty(&self.start_temp(&info, content));
-                keep_cache = false;
+                    handle.bytes = Some(view);
+                }
             }
-            NodeKind::ArrayMeta(array) => handle.bytes = Some(array.view_json.clone()),
-            NodeKind::GroupMeta(group) => handle.bytes = Some(group.json.clone()),
             NodeKind::Control => {
                 handle.bytes = Some(self.control_json());
                 keep_cache = false;

@@ -166,16 +166,7 @@ impl ShardFs {
             }
         };
         // A writer from creation to FLUSH: the content is not final meanwhile.
-        let written = match &kind {
-            NodeKind::Temp(f) => Some(f.clone()),
-            NodeKind::Chunk { array, coords } => {
-                Some(
-                    self.shards
-                        .open_for_write(&self.backing, array, coords, false)?,
-                )
-            }
-            _ => None,
-        };
+        let written = self.write_target(&kind)?;
         let attr = self.enter(parent, name, kind)?;
         let mut handle = FileHandle::new(attr.ino, writable);
         handle.backing = backing_file;

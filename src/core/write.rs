@@ -41,7 +41,7 @@ impl ShardFs {
     }
 
     /// The in-memory file that writes to inode `info` go to, made if needed.
-    fn write_target(&self, kind: &NodeKind) -> Result<Option<Arc<MemFile>>, FsError> {
+    pub(crate) fn write_target(&self, kind: &NodeKind) -> Result<Option<Arc<MemFile>>, FsError> {
         Ok(match kind {
             NodeKind::Temp(file) => Some(file.clone()),
             NodeKind::Chunk { array, coords } => {
