@@ -98,6 +98,12 @@ impl Backing {
         Ok(out)
     }
 
+    /// The full path as a C string, for the calls std has no wrapper for.
+    pub fn c_path(&self, rel: &Path) -> io::Result<std::ffi::CString> {
+        std::ffi::CString::new(self.path(rel).into_os_string().into_encoded_bytes())
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+    }
+
     pub fn read_link(&self, rel: &Path) -> io::Result<PathBuf> {
         fs::read_link(self.path(rel))
     }

@@ -61,6 +61,15 @@ fn set_entry(path: &Path, n: u64, at_end: bool, pos: u64, offset: u64, nbytes: u
         .unwrap();
 }
 
+fn set_len(path: &Path, len: u64) {
+    fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_len(len)
+        .unwrap();
+}
+
 fn entry(path: &Path, n: u64, at_end: bool, pos: u64) -> (u64, u64) {
     let data = fs::read(path).unwrap();
     let index_at = if at_end {
@@ -108,24 +117,14 @@ fn truncated_shards() {
     let case = fresh();
     // Index at the end: too little left for an index.
     let shard = case.root.join("end/c/0");
-    fs::OpenOptions::new()
-        .write(true)
-        .open(&shard)
-        .unwrap()
-        .set_len(20)
-        .unwrap();
+    set_len(&shard, 20);
     assert_one_problem(&case, &shard, "shorter than its 52-byte index");
 
     // Index at the start: the index survives, the chunks it points to do not.
     let case = fresh();
     let shard = case.root.join("start/1.1");
     let len = fs::metadata(&shard).unwrap().len();
-    fs::OpenOptions::new()
-        .write(true)
-        .open(&shard)
-        .unwrap()
-        .set_len(len - 3)
-        .unwrap();
+    set_len(&shard, len - 3);
     assert_one_problem(&case, &shard, "past the end");
 }
 
@@ -193,12 +192,7 @@ fn realistic_truncation_of_an_index_at_the_end() {
     let case = fresh();
     let shard = case.root.join("end/c/2");
     let len = fs::metadata(&shard).unwrap().len();
-    fs::OpenOptions::new()
-        .write(true)
-        .open(&shard)
-        .unwrap()
-        .set_len(len - 3)
-        .unwrap();
+    set_len(&shard, len - 3);
     assert_one_problem(&case, &shard, "index checksum mismatch");
 }
 

@@ -320,14 +320,6 @@ impl InodeTable {
             .get(&(parent, name.to_os_string()))
             .copied()
     }
-
-    pub fn len(&self) -> usize {
-        lock(&self.inner).nodes.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 fn path_of(inner: &Inner, mut ino: Ino) -> Option<PathBuf> {

@@ -642,8 +642,7 @@ impl ShardFs {
     }
 
     pub fn statfs(&self) -> Result<StatFs, FsError> {
-        let path = std::ffi::CString::new(self.backing.root().as_os_str().as_encoded_bytes())
-            .map_err(|_| FsError::Invalid("backing path has a NUL byte".into()))?;
+        let path = self.backing.c_path(Path::new(""))?;
         // SAFETY: `path` is a valid C string and `s` a properly sized out-parameter.
         let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
         if unsafe { libc::statvfs(path.as_ptr(), &mut s) } != 0 {

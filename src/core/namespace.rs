@@ -156,11 +156,8 @@ impl ShardFs {
             }
             Place::Meta(dir) => self.new_temp(&dir.join(METADATA_FILE), mode),
             Place::Temp(rel) => self.new_temp(&rel, mode),
-            Place::Chunk(array, coords) => {
-                self.shards
-                    .open_for_write(&self.backing, &array, &coords, true)?;
-                NodeKind::Chunk { array, coords }
-            }
+            // The pending chunk itself is made just below, with the writer's mark.
+            Place::Chunk(array, coords) => NodeKind::Chunk { array, coords },
             Place::KeyDir(..) => {
                 return Err(FsError::Invalid("a file named like a key directory".into()));
             }
@@ -551,20 +548,7 @@ impl ShardFs {
                 "exchange of names shardfs translates".into(),
             ));
         }
-        let a = std::ffi::CString::new(
-            self.backing
-                .path(src_rel)
-                .into_os_string()
-                .into_encoded_bytes(),
-        )
-        .map_err(|_| FsError::Invalid("NUL in a path".into()))?;
-        let b = std::ffi::CString::new(
-            self.backing
-                .path(dst_rel)
-                .into_os_string()
-                .into_encoded_bytes(),
-        )
-        .map_err(|_| FsError::Invalid("NUL in a path".into()))?;
+        let (a, b) = (self.backing.c_path(src_rel)?, self.backing.c_path(dst_rel)?);
         // SAFETY: both are valid C strings; AT_FDCWD with absolute paths.
         let rc = unsafe {
             libc::renameat2(

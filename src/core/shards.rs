@@ -470,14 +470,18 @@ impl ShardRegistry {
         if st.done.len() >= inside && st.pending.values().all(|m| m.settled()) {
             return true;
         }
-        // Everything the file holds was deleted and nothing is pending: it can go now.
+        // Everything the file holds was deleted and nothing is pending: it can go now. Only
+        // then is the shard file looked at (a FLUSH of every chunk comes through here).
+        if !st.pending.is_empty() {
+            return false;
+        }
         let Ok(Some(StoredIndex {
             index: Ok(index), ..
         })) = self.stored(backing, array, shard, &mut st)
         else {
             return false;
         };
-        st.pending.is_empty() && index.present().all(|(p, _)| st.deleted.contains(&p))
+        index.present().all(|(p, _)| st.deleted.contains(&p))
     }
 
     /// The failure of the last write of the shard holding `coords`, if any.
@@ -664,11 +668,6 @@ impl ShardRegistry {
                 })
             })
             .collect()
-    }
-
-    /// Whether anything of the array at `rel` is pending.
-    pub fn array_pending(&self, rel: &std::path::Path) -> bool {
-        self.pending().iter().any(|p| p.array == rel)
     }
 
     /// Drops the cached state of the array at `rel` (its directory is gone).

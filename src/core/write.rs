@@ -205,10 +205,10 @@ impl ShardFs {
                 self.shards
                     .write_shard(&self.backing, array, &shard, WriteMode::Everything)
             }
-            NodeKind::Temp(file)
+            // A zarr.json being written: fsync commits it.
+            NodeKind::Temp(_)
                 if !info.detached && info.rel.file_name() == Some(METADATA_FILE.as_ref()) =>
             {
-                let _ = file;
                 if let Some(fh) = fh {
                     self.flush(fh)?;
                 }

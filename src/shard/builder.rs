@@ -58,10 +58,6 @@ impl ShardBuilder {
         Ok(builder)
     }
 
-    pub fn format(&self) -> &IndexFormat {
-        &self.format
-    }
-
     /// Sets the chunk at C-order position `pos`, replacing what was there.
     pub fn set(&mut self, pos: usize, segments: Segments) {
         self.chunks[pos] = Some(segments);
@@ -69,10 +65,6 @@ impl ShardBuilder {
 
     pub fn remove(&mut self, pos: usize) {
         self.chunks[pos] = None;
-    }
-
-    pub fn present_count(&self) -> usize {
-        self.chunks.iter().filter(|c| c.is_some()).count()
     }
 
     /// Lays out the shard: chunks in position order, index at the configured end.
@@ -205,6 +197,18 @@ mod tests {
             assert_eq!(chunk_bytes(&file, &f, 3).unwrap(), b"xyz");
             // Segments are handed over as they came: nothing was joined.
             assert_eq!(shard.buffers().len(), 4);
+            let slices = shard.io_slices();
+            assert_eq!(
+                slices.iter().map(|s| s.len() as u64).sum::<u64>(),
+                shard.len()
+            );
+            assert_eq!(
+                slices
+                    .iter()
+                    .flat_map(|s| s.iter().copied())
+                    .collect::<Vec<u8>>(),
+                file
+            );
         }
     }
 

@@ -297,10 +297,6 @@ impl ShardIndex {
             .enumerate()
             .filter_map(|(pos, e)| e.map(|r| (pos, r)))
     }
-
-    pub fn present_count(&self) -> usize {
-        self.entries.iter().filter(|e| e.is_some()).count()
-    }
 }
 
 #[cfg(test)]
