@@ -264,7 +264,7 @@ pub fn run_foreground(config: &MountConfig, ready: Option<OwnedFd>) -> Result<()
     let signals = block_signals();
     raise_fd_limit();
     let core = Arc::new(ShardFs::with_config(
-        Backing::new(backing.clone()),
+        Backing::new(backing.clone()).map_err(io_err(&backing))?,
         DaemonInfo {
             pid: std::process::id(),
             status_file: status_file.clone(),

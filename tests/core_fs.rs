@@ -14,7 +14,10 @@ use shardfs::core::{DaemonInfo, FileType, FsError, Ino, ROOT, ShardFs};
 use shardfs::errno::ToErrno;
 
 fn core_over(root: &Path) -> ShardFs {
-    ShardFs::new(Backing::new(root.to_path_buf()), DaemonInfo::default())
+    ShardFs::new(
+        Backing::new(root.to_path_buf()).unwrap(),
+        DaemonInfo::default(),
+    )
 }
 
 /// Looks up a `/`-separated path from the root, as the kernel does, one name at a time.

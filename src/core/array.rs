@@ -93,7 +93,7 @@ impl ArrayState {
         entries.sort_by(|a, b| a.name.cmp(&b.name));
         for entry in entries {
             let path = join_rel(dir, &entry.name);
-            if entry.file_type.is_dir() {
+            if entry.kind.is_dir() {
                 if self.walk_dir(backing, &path, f)?.is_break() {
                     return Ok(ControlFlow::Break(()));
                 }

@@ -182,7 +182,7 @@ impl ShardFs {
             contents.push((coords.clone(), Bytes::from(data)));
         }
         for (_, rel) in &chunk_files {
-            std::fs::rename(self.backing.path(rel), self.backing.path(&staged(rel)))?;
+            self.backing.rename(rel, &staged(rel))?;
         }
         let mut shards = std::collections::BTreeSet::new();
         for (coords, data) in contents {
@@ -203,10 +203,7 @@ impl ShardFs {
                         let _ = self.backing.remove_file(rel);
                     }
                     for (_, rel) in &chunk_files {
-                        let _ = std::fs::rename(
-                            self.backing.path(&staged(rel)),
-                            self.backing.path(rel),
-                        );
+                        let _ = self.backing.rename(&staged(rel), rel);
                     }
                     self.shards.forget_array(dir);
                     warn!(array = %self.backing.path(dir).display(),
@@ -236,7 +233,7 @@ impl ShardFs {
                 continue;
             };
             let path = rel.join(name);
-            match (array.classify_name(node, name), entry.file_type.is_dir()) {
+            match (array.classify_name(node, name), entry.kind.is_dir()) {
                 (ArrayName::Key(KeyNode::Chunk(coords)), false) => files.push((coords, path)),
                 (ArrayName::Key(child @ KeyNode::Dir(_)), true) => {
                     dirs.push(path.clone());

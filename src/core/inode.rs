@@ -32,6 +32,20 @@ pub enum FileType {
 }
 
 impl FileType {
+    pub fn from_entry(k: crate::backing::EntryKind) -> FileType {
+        use crate::backing::EntryKind as K;
+        match k {
+            K::Dir => FileType::Dir,
+            K::File => FileType::File,
+            K::Symlink => FileType::Symlink,
+            K::Fifo => FileType::Fifo,
+            K::Socket => FileType::Socket,
+            K::CharDevice => FileType::CharDevice,
+            K::BlockDevice => FileType::BlockDevice,
+            K::Other => FileType::Other,
+        }
+    }
+
     pub fn from_std(t: std::fs::FileType) -> FileType {
         use std::os::unix::fs::FileTypeExt;
         if t.is_dir() {

@@ -16,7 +16,7 @@ use super::inode::{FileType, Ino, NodeInfo, NodeKind, ROOT};
 use super::memfile::{FileData, MemFile};
 use super::shards::ChunkData;
 use super::{CONTROL_FILE, CONTROL_SIZE, ShardFs};
-use crate::backing::join_rel;
+use crate::backing::{OpenMode, join_rel};
 use crate::shard::read_chunk_part;
 use crate::zarr::{KeyNode, METADATA_FILE, Separator};
 
@@ -438,7 +438,7 @@ impl ShardFs {
             .filter(|e| e.name.to_str().is_none_or(&keep))
             .map(|e| ListEntry {
                 name: e.name,
-                kind: FileType::from_std(e.file_type),
+                kind: FileType::from_entry(e.kind),
             })
             .collect();
         out.sort_by(|a, b| a.name.cmp(&b.name));
@@ -486,13 +486,14 @@ impl ShardFs {
                 keep_cache = false;
             }
             NodeKind::File => {
-                let mut options = std::fs::OpenOptions::new();
-                options
-                    .read(flags & libc::O_ACCMODE != libc::O_WRONLY)
-                    .write(writable)
-                    .truncate(truncate)
-                    .append(flags & libc::O_APPEND != 0);
-                handle.backing = Some(options.open(self.backing.path(&info.rel))?);
+                let how = OpenMode {
+                    read: flags & libc::O_ACCMODE != libc::O_WRONLY,
+                    write: writable,
+                    truncate,
+                    append: flags & libc::O_APPEND != 0,
+                    create_new: None,
+                };
+                handle.backing = Some(self.backing.open_file(&info.rel, how)?);
             }
             NodeKind::ArrayMeta(_) | NodeKind::GroupMeta(_) => {
                 let view = match &info.kind {
@@ -642,12 +643,7 @@ impl ShardFs {
     }
 
     pub fn statfs(&self) -> Result<StatFs, FsError> {
-        let path = self.backing.c_path(Path::new(""))?;
-        // SAFETY: `path` is a valid C string and `s` a properly sized out-parameter.
-        let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-        if unsafe { libc::statvfs(path.as_ptr(), &mut s) } != 0 {
-            return Err(std::io::Error::last_os_error().into());
-        }
+        let s = self.backing.statvfs()?;
         Ok(StatFs {
             blocks: s.f_blocks,
             bfree: s.f_bfree,

@@ -4,7 +4,6 @@
 //! or, if never, written to BACKING as they are).
 
 use std::ffi::OsStr;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -20,7 +19,7 @@ use super::inode::{Ino, NodeInfo, NodeKind};
 use super::lookup::{ArrayName, Opened};
 use super::memfile::{FileData, MemFile};
 use super::shards::ChunkData;
-use crate::backing::join_rel;
+use crate::backing::{OpenMode, join_rel};
 use crate::zarr::{KeyNode, METADATA_FILE};
 
 /// Where a new name would go.
@@ -38,6 +37,13 @@ enum Place {
     /// exists there.
     Temp(PathBuf),
     Extra(PathBuf),
+}
+
+/// The mode of a file or directory made through the mount: permission bits and the sticky
+/// bit as asked, never set-user-ID or set-group-ID (the daemon runs as root; such a bit
+/// would hand root's rights to whoever asked for it).
+pub(crate) fn new_mode(mode: u32) -> u32 {
+    mode & 0o1777
 }
 
 /// `rename(2)` flags the core understands.
@@ -144,14 +150,15 @@ impl ShardFs {
         let mut backing_file = None;
         let kind = match place {
             Place::Plain(rel) | Place::Extra(rel) => {
-                backing_file = Some(
-                    std::fs::OpenOptions::new()
-                        .read(true)
-                        .write(true)
-                        .create_new(true)
-                        .mode(mode & 0o7777)
-                        .open(self.backing.path(&rel))?,
-                );
+                backing_file = Some(self.backing.open_file(
+                    &rel,
+                    OpenMode {
+                        read: true,
+                        write: true,
+                        create_new: Some(new_mode(mode)),
+                        ..OpenMode::default()
+                    },
+                )?);
                 NodeKind::File
             }
             Place::Meta(dir) => self.new_temp(&dir.join(METADATA_FILE), mode),
@@ -198,15 +205,12 @@ impl ShardFs {
         }
         let kind = match place {
             Place::Plain(rel) => {
-                std::fs::DirBuilder::new()
-                    .mode(mode & 0o7777)
-                    .create(self.backing.path(&rel))?;
+                self.backing.mkdir(&rel, new_mode(mode))?;
                 NodeKind::Dir
             }
             Place::Meta(dir) if matches!(p.kind, NodeKind::Dir) => {
-                std::fs::DirBuilder::new()
-                    .mode(mode & 0o7777)
-                    .create(self.backing.path(&dir.join(METADATA_FILE)))?;
+                self.backing
+                    .mkdir(&dir.join(METADATA_FILE), new_mode(mode))?;
                 NodeKind::Dir
             }
             Place::KeyDir(array, node, rel) => {
@@ -214,10 +218,10 @@ impl ShardFs {
                 NodeKind::ChunkDir { array, node }
             }
             Place::Temp(rel) | Place::Extra(rel) => {
-                std::fs::DirBuilder::new()
-                    .recursive(true)
-                    .mode(mode & 0o7777)
-                    .create(self.backing.path(&rel))?;
+                if let Some(parent) = rel.parent() {
+                    self.backing.create_dir_all(parent)?;
+                }
+                self.backing.mkdir(&rel, new_mode(mode))?;
                 NodeKind::Dir
             }
             _ => {
@@ -405,7 +409,7 @@ impl ShardFs {
                 if self.temps.any_below(&rel) {
                     return Err(FsError::NotEmpty);
                 }
-                std::fs::remove_dir(self.backing.path(&rel))?;
+                self.backing.remove_dir(&rel)?;
                 self.shards.forget_array(&rel);
                 self.temps.forget_below(&rel);
             }
@@ -460,9 +464,9 @@ impl ShardFs {
             ) => {
                 self.flush_below(&src_rel)?;
                 if let Some(dir) = to.parent() {
-                    std::fs::create_dir_all(self.backing.path(dir))?;
+                    self.backing.create_dir_all(dir)?;
                 }
-                std::fs::rename(self.backing.path(&src_rel), self.backing.path(to))?;
+                self.backing.rename(&src_rel, to)?;
                 self.shards.forget_array(&src_rel);
                 self.temps.forget_below(&src_rel);
                 self.inodes.bump_generation();
@@ -477,12 +481,12 @@ impl ShardFs {
                 Place::Plain(to) | Place::Extra(to) | Place::Temp(to),
             ) if !matches!(dst, Some(NodeKind::Temp(_))) => {
                 if let Some(dir) = to.parent() {
-                    std::fs::create_dir_all(self.backing.path(dir))?;
+                    self.backing.create_dir_all(dir)?;
                 }
                 if let Some(d) = &dst {
                     self.detach_name(newparent, newname, d, &dst_rel);
                 }
-                std::fs::rename(self.backing.path(&src_rel), self.backing.path(to))?;
+                self.backing.rename(&src_rel, to)?;
                 src.clone()
             }
             (NodeKind::Symlink | NodeKind::Other, _) => {
@@ -548,20 +552,7 @@ impl ShardFs {
                 "exchange of names shardfs translates".into(),
             ));
         }
-        let (a, b) = (self.backing.c_path(src_rel)?, self.backing.c_path(dst_rel)?);
-        // SAFETY: both are valid C strings; AT_FDCWD with absolute paths.
-        let rc = unsafe {
-            libc::renameat2(
-                libc::AT_FDCWD,
-                a.as_ptr(),
-                libc::AT_FDCWD,
-                b.as_ptr(),
-                libc::RENAME_EXCHANGE,
-            )
-        };
-        if rc != 0 {
-            return Err(std::io::Error::last_os_error().into());
-        }
+        self.backing.exchange(src_rel, dst_rel)?;
         self.inodes.detach(from.0, from.1, None);
         self.inodes.detach(to.0, to.1, None);
         Ok(())
@@ -595,7 +586,7 @@ impl ShardFs {
         }
         let kind = match (&src.kind, &place) {
             (NodeKind::File, Place::Plain(to) | Place::Extra(to)) => {
-                std::fs::hard_link(self.backing.path(&src.rel), self.backing.path(to))?;
+                self.backing.hard_link(&src.rel, to)?;
                 NodeKind::File
             }
             (NodeKind::Dir | NodeKind::ArrayDir(_) | NodeKind::ChunkDir { .. }, _) => {
@@ -624,7 +615,7 @@ impl ShardFs {
         }
         match place {
             Place::Plain(rel) | Place::Temp(rel) | Place::Extra(rel) => {
-                std::os::unix::fs::symlink(target, self.backing.path(&rel))?;
+                self.backing.symlink(target, &rel)?;
             }
             _ => return Err(FsError::NotPermitted("symbolic links named like chunks")),
         }

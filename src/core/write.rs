@@ -18,6 +18,7 @@ use super::handle::Handle;
 use super::inode::{Ino, NodeKind};
 use super::memfile::MemFile;
 use super::shards::{ChunkData, WriteMode};
+use crate::backing::OpenMode;
 use crate::zarr::{KeyNode, METADATA_FILE};
 
 /// Attribute changes asked for by `setattr`.
@@ -72,9 +73,12 @@ impl ShardFs {
         let info = self.node(h.ino)?;
         if matches!(info.kind, NodeKind::File) {
             // A temporary file that went to BACKING while this handle was open.
-            std::fs::OpenOptions::new()
-                .write(true)
-                .open(self.backing.path(&info.rel))?
+            let how = OpenMode {
+                write: true,
+                ..OpenMode::default()
+            };
+            self.backing
+                .open_file(&info.rel, how)?
                 .write_all_at(data, offset)?;
             return Ok(data.len() as u32);
         }
@@ -268,36 +272,11 @@ impl ShardFs {
     pub fn setattr(&self, ino: Ino, set: &SetAttr) -> Result<Attr, FsError> {
         let info = self.node(ino)?;
         match &info.kind {
-            NodeKind::File | NodeKind::Dir | NodeKind::ArrayDir(_) | NodeKind::Symlink => {
-                let path = self.backing.path(&info.rel);
-                if let Some(size) = set.size {
-                    std::fs::OpenOptions::new()
-                        .write(true)
-                        .open(&path)?
-                        .set_len(size)?;
-                }
-                if let Some(mode) = set.mode {
-                    use std::os::unix::fs::PermissionsExt;
-                    std::fs::set_permissions(
-                        &path,
-                        std::fs::Permissions::from_mode(mode & 0o7777),
-                    )?;
-                }
-                if set.uid.is_some() || set.gid.is_some() {
-                    std::os::unix::fs::lchown(&path, set.uid, set.gid)?;
-                }
-                if set.atime.is_some() || set.mtime.is_some() {
-                    let file = std::fs::File::open(&path)?;
-                    let mut times = std::fs::FileTimes::new();
-                    if let Some(t) = set.atime {
-                        times = times.set_accessed(t);
-                    }
-                    if let Some(t) = set.mtime {
-                        times = times.set_modified(t);
-                    }
-                    file.set_times(times)?;
-                }
-            }
+            NodeKind::File
+            | NodeKind::Dir
+            | NodeKind::ArrayDir(_)
+            | NodeKind::Symlink
+            | NodeKind::Other => self.set_backing_attr(&info.rel, set)?,
             NodeKind::Temp(_) | NodeKind::Chunk { .. } => {
                 if let Some(size) = set.size {
                     if size == 0
@@ -346,6 +325,24 @@ impl ShardFs {
             }
         }
         self.getattr(ino)
+    }
+
+    /// Applies `set` to the BACKING file at `rel` itself: a symbolic link's own times and
+    /// owner, never its target's.
+    fn set_backing_attr(&self, rel: &Path, set: &SetAttr) -> Result<(), FsError> {
+        if let Some(size) = set.size {
+            self.backing.set_len(rel, size)?;
+        }
+        if let Some(mode) = set.mode {
+            self.backing.chmod(rel, mode & 0o7777)?;
+        }
+        if set.uid.is_some() || set.gid.is_some() {
+            self.backing.chown(rel, set.uid, set.gid)?;
+        }
+        if set.atime.is_some() || set.mtime.is_some() {
+            self.backing.set_times(rel, set.atime, set.mtime)?;
+        }
+        Ok(())
     }
 
     /// What the name at `rel` is now, resolved name by name from the root without

@@ -140,7 +140,13 @@ impl EncodedShard {
 
 /// Writes every buffer with `writev`, looping only when the kernel takes less.
 pub fn write_all_vectored(out: &mut impl Write, buffers: &[Bytes]) -> io::Result<()> {
-    let mut slices: Vec<IoSlice<'_>> = buffers.iter().map(|b| IoSlice::new(b)).collect();
+    // Empty buffers are left out: a write of nothing returns 0, which would read as a
+    // device that accepts no more (an empty file is a normal thing to write).
+    let mut slices: Vec<IoSlice<'_>> = buffers
+        .iter()
+        .filter(|b| !b.is_empty())
+        .map(|b| IoSlice::new(b))
+        .collect();
     let mut rest: &mut [IoSlice<'_>] = &mut slices;
     while !rest.is_empty() {
         match out.write_vectored(rest) {
@@ -164,6 +170,20 @@ mod tests {
             codec: IndexCodec::STANDARD,
             location,
         }
+    }
+
+    #[test]
+    fn empty_buffers_write_an_empty_file() {
+        let mut out = Vec::new();
+        write_all_vectored(&mut out, &[Bytes::new()]).unwrap();
+        write_all_vectored(&mut out, &[]).unwrap();
+        assert!(out.is_empty());
+        write_all_vectored(
+            &mut out,
+            &[Bytes::new(), Bytes::from_static(b"ab"), Bytes::new()],
+        )
+        .unwrap();
+        assert_eq!(out, b"ab");
     }
 
     fn segs(parts: &[&'static [u8]]) -> Segments {

@@ -1,0 +1,167 @@
+//! The shard lock: how writers that share BACKING (other shardfs mounts, on this machine or
+//! on others over a shared file system, and tensorstore's own `file` kvstore) replace a
+//! file without losing each other's changes.
+//!
+//! The protocol is tensorstore's: to replace `KEY`, open `KEY.__lock` (created if needed,
+//! never truncated by the opener), take an exclusive open-file-description lock on it,
+//! check that the file locked is still the one named `KEY.__lock` (a previous holder may
+//! have renamed it onto `KEY` or removed it meanwhile: then start again), read `KEY`, write
+//! the new content into the lock file itself, sync it, rename it onto `KEY`, and only then
+//! close it (which releases the lock). Everyone who read `KEY` under the lock therefore
+//! read the latest version, and a read-merge-write never loses a concurrent one.
+
+use std::ffi::{OsStr, OsString};
+use std::fs::{File, Metadata};
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags};
+
+use super::Backing;
+use super::beneath::{errno, split};
+
+/// The suffix of lock files, as tensorstore names them.
+pub const LOCK_SUFFIX: &str = ".__lock";
+
+/// How long a writer waits for a lock held by someone else before giving up with EBUSY.
+/// Holders keep it for one shard write; a longer wait means a holder that hangs.
+const LOCK_WAIT: Duration = Duration::from_secs(120);
+
+/// The lock file's name for `name`.
+pub fn lock_name(name: &OsStr) -> OsString {
+    let mut n = name.to_os_string();
+    n.push(LOCK_SUFFIX);
+    n
+}
+
+/// An exclusive lock on one key of BACKING, held until dropped.
+#[derive(Debug)]
+pub struct KeyLock {
+    dir: OwnedFd,
+    dir_rel: PathBuf,
+    name: OsString,
+    lock_name: OsString,
+    file: File,
+    /// Renamed onto the key: nothing to clean up.
+    done: bool,
+}
+
+impl Backing {
+    /// Takes the lock of `rel` (its directory is made if needed).
+    pub fn lock_key(&self, rel: &Path) -> io::Result<KeyLock> {
+        let (dir_rel, name) = split(rel)?;
+        self.create_dir_all(dir_rel)?;
+        let dir = self.dir(dir_rel)?;
+        let lock_name = lock_name(name);
+        let start = Instant::now();
+        loop {
+            let fd = rustix::fs::openat(
+                &dir,
+                lock_name.as_os_str(),
+                OFlags::RDWR | OFlags::CREATE | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+                Mode::from_raw_mode(0o644),
+            )
+            .map_err(errno)?;
+            let file = File::from(fd);
+            lock_exclusive(&file, start)?;
+            // Still the file that bears the lock's name? Else its holder renamed or removed
+            // it while we waited: our lock guards nothing.
+            let held = file.metadata()?;
+            match rustix::fs::statat(&dir, lock_name.as_os_str(), AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(st) if st.st_ino == std::os::unix::fs::MetadataExt::ino(&held) => {
+                    return Ok(KeyLock {
+                        dir,
+                        dir_rel: dir_rel.to_path_buf(),
+                        name: name.to_os_string(),
+                        lock_name,
+                        file,
+                        done: false,
+                    });
+                }
+                Ok(_) | Err(rustix::io::Errno::NOENT) => continue,
+                Err(e) => return Err(errno(e)),
+            }
+        }
+    }
+}
+
+impl KeyLock {
+    /// Makes `buffers` the content of the key: written into the lock file, synced, renamed
+    /// onto the key. With `durable`, the directory is synced too. Returns the new file's
+    /// metadata.
+    pub fn replace(mut self, buffers: &[Bytes], durable: bool) -> io::Result<Metadata> {
+        let len: u64 = buffers.iter().map(|b| b.len() as u64).sum();
+        // A stale, longer lock file left by a writer that died is cut to size.
+        self.file.set_len(0)?;
+        crate::shard::write_all_vectored(&mut self.file, buffers)?;
+        debug_assert_eq!(self.file.metadata()?.len(), len);
+        self.file.sync_data()?;
+        rustix::fs::renameat_with(
+            &self.dir,
+            self.lock_name.as_os_str(),
+            &self.dir,
+            self.name.as_os_str(),
+            RenameFlags::empty(),
+        )
+        .map_err(errno)?;
+        self.done = true;
+        if durable {
+            rustix::fs::fsync(&self.dir).map_err(errno)?;
+        }
+        self.file.metadata()
+    }
+
+    /// Removes the key. Returns whether it was there.
+    pub fn remove(self) -> io::Result<bool> {
+        match rustix::fs::unlinkat(&self.dir, self.name.as_os_str(), AtFlags::empty()) {
+            Ok(()) => Ok(true),
+            Err(rustix::io::Errno::NOENT) => Ok(false),
+            Err(e) => Err(errno(e)),
+        }
+    }
+
+    /// The directory holding the key, relative to BACKING's root.
+    pub fn dir_rel(&self) -> &Path {
+        &self.dir_rel
+    }
+}
+
+impl Drop for KeyLock {
+    fn drop(&mut self) {
+        // Not renamed onto the key: the lock file goes, removed while still locked so that
+        // a waiter finds its name gone and starts again.
+        if !self.done {
+            let _ = rustix::fs::unlinkat(&self.dir, self.lock_name.as_os_str(), AtFlags::empty());
+        }
+    }
+}
+
+/// An exclusive open-file-description lock on the whole file (what tensorstore takes),
+/// waited for in short steps up to `LOCK_WAIT` from `start`.
+fn lock_exclusive(file: &File, start: Instant) -> io::Result<()> {
+    let mut step = Duration::from_millis(1);
+    loop {
+        // SAFETY: a zeroed `flock` is valid; the fields set below describe the whole file.
+        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+        fl.l_type = libc::F_WRLCK as _;
+        fl.l_whence = libc::SEEK_SET as _;
+        // SAFETY: a valid descriptor and a pointer to a properly initialised struct.
+        let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &fl) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EAGAIN) | Some(libc::EACCES) | Some(libc::EINTR) => {}
+            _ => return Err(e),
+        }
+        if start.elapsed() > LOCK_WAIT {
+            return Err(io::Error::from_raw_os_error(libc::EBUSY));
+        }
+        std::thread::sleep(step);
+        step = (step * 2).min(Duration::from_millis(50));
+    }
+}

@@ -1,0 +1,408 @@
+//! The backing directory: every file operation on BACKING goes through here, by path relative
+//! to its root. Nothing here follows a symbolic link or leaves BACKING: paths are resolved
+//! beneath a descriptor of the root with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`,
+//! and the last component is worked on with the `*at` calls that do not follow it. Shard
+//! files are replaced atomically (temporary file + rename), under the shard lock of
+//! `lock.rs` when other writers may share BACKING.
+
+mod beneath;
+pub mod lock;
+
+use std::ffi::{OsStr, OsString};
+use std::fs::{File, Metadata};
+use std::io::{self, Read};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::SystemTime;
+
+use bytes::Bytes;
+use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags, Timestamps};
+
+pub use beneath::EntryKind;
+use beneath::{errno, split};
+
+/// What identifies one version of a file: a rewrite (new inode by rename, or new size or
+/// mtime in place) changes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileVersion {
+    pub ino: u64,
+    pub size: u64,
+    pub mtime_ns: i128,
+}
+
+impl FileVersion {
+    pub fn of(m: &Metadata) -> FileVersion {
+        FileVersion {
+            ino: m.ino(),
+            size: m.len(),
+            mtime_ns: m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128,
+        }
+    }
+}
+
+pub fn mtime_of(m: &Metadata) -> SystemTime {
+    m.modified().unwrap_or(SystemTime::UNIX_EPOCH)
+}
+
+#[derive(Debug, Clone)]
+pub struct Backing {
+    /// The root as the user named it (canonical), for messages only.
+    root: PathBuf,
+    /// Everything is reached beneath this descriptor.
+    root_fd: Arc<OwnedFd>,
+}
+
+/// One entry of a backing directory.
+#[derive(Debug, Clone)]
+pub struct DirEntry {
+    pub name: OsString,
+    pub kind: EntryKind,
+}
+
+/// How a BACKING file is opened for a client.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OpenMode {
+    pub read: bool,
+    pub write: bool,
+    pub truncate: bool,
+    pub append: bool,
+    /// Create it; it must not exist yet. The value is the new file's mode.
+    pub create_new: Option<u32>,
+}
+
+impl Backing {
+    pub fn new(root: PathBuf) -> io::Result<Backing> {
+        let fd = rustix::fs::open(
+            &root,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(errno)?;
+        Ok(Backing {
+            root,
+            root_fd: Arc::new(fd),
+        })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The full path, for messages (never opened by that name).
+    pub fn path(&self, rel: &Path) -> PathBuf {
+        self.root.join(rel)
+    }
+
+    /// Opens `rel` beneath the root without following any symbolic link on the way.
+    fn open_beneath(&self, rel: &Path, flags: OFlags, mode: u32) -> io::Result<OwnedFd> {
+        beneath::open(&self.root_fd, rel, flags, mode)
+    }
+
+    /// The directory `rel` (the root for an empty path), open for `*at` calls and fsync.
+    fn dir(&self, rel: &Path) -> io::Result<OwnedFd> {
+        self.open_beneath(rel, OFlags::RDONLY | OFlags::DIRECTORY, 0)
+    }
+
+    /// The directory holding `rel`, and the last component's name.
+    fn parent(&self, rel: &Path) -> io::Result<(OwnedFd, OsString)> {
+        let (dir, name) = split(rel)?;
+        Ok((self.dir(dir)?, name.to_os_string()))
+    }
+
+    /// `lstat`: `Ok(None)` when nothing is there.
+    pub fn stat(&self, rel: &Path) -> io::Result<Option<Metadata>> {
+        match self.open_beneath(rel, OFlags::PATH | OFlags::NOFOLLOW, 0) {
+            Ok(fd) => File::from(fd).metadata().map(Some),
+            Err(e) if is_absent(&e) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Opens a regular file. Anything else (a FIFO, a device, a symbolic link) is refused
+    /// without blocking: a request thread must never wait on a FIFO's other end.
+    pub fn open_file(&self, rel: &Path, how: OpenMode) -> io::Result<File> {
+        let mut flags = match (how.read, how.write) {
+            (_, false) => OFlags::RDONLY,
+            (false, true) => OFlags::WRONLY,
+            (true, true) => OFlags::RDWR,
+        };
+        flags |= OFlags::NOFOLLOW | OFlags::NONBLOCK;
+        if how.truncate {
+            flags |= OFlags::TRUNC;
+        }
+        if how.append {
+            flags |= OFlags::APPEND;
+        }
+        let mut mode = 0;
+        if let Some(m) = how.create_new {
+            flags |= OFlags::CREATE | OFlags::EXCL;
+            mode = m;
+        }
+        let file = File::from(self.open_beneath(rel, flags, mode)?);
+        if !file.metadata()?.is_file() {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        // Back to blocking I/O for the regular file it is (O_NONBLOCK only guarded the open).
+        rustix::fs::fcntl_setfl(&file, rustix::fs::fcntl_getfl(&file)? - OFlags::NONBLOCK)?;
+        Ok(file)
+    }
+
+    pub fn open(&self, rel: &Path) -> io::Result<File> {
+        self.open_file(
+            rel,
+            OpenMode {
+                read: true,
+                ..OpenMode::default()
+            },
+        )
+    }
+
+    pub fn read(&self, rel: &Path) -> io::Result<Option<Vec<u8>>> {
+        let mut file = match self.open(rel) {
+            Ok(f) => f,
+            Err(e) if is_absent(&e) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let mut out = Vec::new();
+        file.read_to_end(&mut out)?;
+        Ok(Some(out))
+    }
+
+    /// The entries of a directory; an absent directory has none.
+    pub fn list(&self, rel: &Path) -> io::Result<Vec<DirEntry>> {
+        match self.dir(rel) {
+            Ok(fd) => beneath::list(fd),
+            Err(e) if is_absent(&e) => Ok(Vec::new()),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub fn read_link(&self, rel: &Path) -> io::Result<PathBuf> {
+        let (dir, name) = self.parent(rel)?;
+        let target = rustix::fs::readlinkat(&dir, name.as_os_str(), Vec::new())?;
+        Ok(PathBuf::from(OsStr::from_bytes(target.as_bytes())))
+    }
+
+    /// Makes the directory `rel` and its missing parents.
+    pub fn create_dir_all(&self, rel: &Path) -> io::Result<()> {
+        match self.dir(rel) {
+            Ok(_) => return Ok(()),
+            Err(e) if !is_absent(&e) => return Err(e),
+            Err(_) => {}
+        }
+        if let Some(parent) = rel.parent() {
+            self.create_dir_all(parent)?;
+        }
+        match self.mkdir(rel, 0o755) {
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+            other => other,
+        }
+    }
+
+    pub fn mkdir(&self, rel: &Path, mode: u32) -> io::Result<()> {
+        let (dir, name) = self.parent(rel)?;
+        rustix::fs::mkdirat(&dir, name.as_os_str(), Mode::from_raw_mode(mode))?;
+        Ok(())
+    }
+
+    pub fn remove_dir(&self, rel: &Path) -> io::Result<()> {
+        let (dir, name) = self.parent(rel)?;
+        rustix::fs::unlinkat(&dir, name.as_os_str(), AtFlags::REMOVEDIR)?;
+        Ok(())
+    }
+
+    /// Removes a file; `Ok(false)` when it was not there.
+    pub fn remove_file(&self, rel: &Path) -> io::Result<bool> {
+        let (dir, name) = match self.parent(rel) {
+            Ok(p) => p,
+            Err(e) if is_absent(&e) => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        match rustix::fs::unlinkat(&dir, name.as_os_str(), AtFlags::empty()) {
+            Ok(()) => Ok(true),
+            Err(e) if is_absent(&e.into()) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    pub fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.rename_with(from, to, RenameFlags::empty())
+    }
+
+    /// Swaps two names atomically.
+    pub fn exchange(&self, a: &Path, b: &Path) -> io::Result<()> {
+        self.rename_with(a, b, RenameFlags::EXCHANGE)
+    }
+
+    fn rename_with(&self, from: &Path, to: &Path, flags: RenameFlags) -> io::Result<()> {
+        let (fdir, fname) = self.parent(from)?;
+        let (tdir, tname) = self.parent(to)?;
+        rustix::fs::renameat_with(&fdir, fname.as_os_str(), &tdir, tname.as_os_str(), flags)?;
+        Ok(())
+    }
+
+    /// A hard link; a symbolic link at `from` is linked itself, never its target.
+    pub fn hard_link(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let (fdir, fname) = self.parent(from)?;
+        let (tdir, tname) = self.parent(to)?;
+        rustix::fs::linkat(
+            &fdir,
+            fname.as_os_str(),
+            &tdir,
+            tname.as_os_str(),
+            AtFlags::empty(),
+        )?;
+        Ok(())
+    }
+
+    pub fn symlink(&self, target: &Path, rel: &Path) -> io::Result<()> {
+        let (dir, name) = self.parent(rel)?;
+        rustix::fs::symlinkat(target, &dir, name.as_os_str())?;
+        Ok(())
+    }
+
+    /// Truncates or extends a regular file.
+    pub fn set_len(&self, rel: &Path, size: u64) -> io::Result<()> {
+        let how = OpenMode {
+            write: true,
+            ..OpenMode::default()
+        };
+        self.open_file(rel, how)?.set_len(size)
+    }
+
+    /// chmod of `rel` itself. Linux gives symbolic links no mode of their own.
+    pub fn chmod(&self, rel: &Path, mode: u32) -> io::Result<()> {
+        let fd = self.open_beneath(rel, OFlags::PATH | OFlags::NOFOLLOW, 0)?;
+        if File::from(fd.try_clone()?).metadata()?.is_symlink() {
+            return Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
+        }
+        // The descriptor pins the inode; its /proc name reaches exactly that inode.
+        let pinned = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
+        rustix::fs::chmod(pinned.as_str(), Mode::from_raw_mode(mode))?;
+        Ok(())
+    }
+
+    /// chown of `rel` itself (a symbolic link's own owner).
+    pub fn chown(&self, rel: &Path, uid: Option<u32>, gid: Option<u32>) -> io::Result<()> {
+        let (dir, name) = self.parent_or_root(rel)?;
+        let u = uid.map(rustix::fs::Uid::from_raw);
+        let g = gid.map(rustix::fs::Gid::from_raw);
+        rustix::fs::chownat(&dir, name.as_os_str(), u, g, AtFlags::SYMLINK_NOFOLLOW)?;
+        Ok(())
+    }
+
+    /// Sets the times of `rel` itself (a symbolic link's own times, never its target's).
+    pub fn set_times(
+        &self,
+        rel: &Path,
+        atime: Option<SystemTime>,
+        mtime: Option<SystemTime>,
+    ) -> io::Result<()> {
+        let (dir, name) = self.parent_or_root(rel)?;
+        let times = Timestamps {
+            last_access: beneath::timespec(atime),
+            last_modification: beneath::timespec(mtime),
+        };
+        rustix::fs::utimensat(&dir, name.as_os_str(), &times, AtFlags::SYMLINK_NOFOLLOW)?;
+        Ok(())
+    }
+
+    /// The parent and name of `rel`; for the root itself, the root and ".".
+    fn parent_or_root(&self, rel: &Path) -> io::Result<(OwnedFd, OsString)> {
+        if rel.as_os_str().is_empty() {
+            return Ok((self.dir(rel)?, OsString::from(".")));
+        }
+        self.parent(rel)
+    }
+
+    /// Replaces the file at `rel` with `buffers`, atomically: one vectored write (looped
+    /// only on short writes) to a temporary file in the same directory, `fdatasync` so that
+    /// a crash can never leave a torn file under the final name, then `rename`. With
+    /// `durable`, the directory is synced too, making the rename itself durable. Returns
+    /// the new file's metadata.
+    pub fn write_atomic(
+        &self,
+        rel: &Path,
+        buffers: &[Bytes],
+        durable: bool,
+    ) -> io::Result<Metadata> {
+        let (dir_rel, name) = split(rel)?;
+        self.create_dir_all(dir_rel)?;
+        let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let tmp_name = format!(
+            ".{}.shardfs-{}-{n}",
+            name.to_string_lossy(),
+            std::process::id()
+        );
+        let tmp = dir_rel.join(&tmp_name);
+        let create = OpenMode {
+            write: true,
+            create_new: Some(0o644),
+            ..OpenMode::default()
+        };
+        // Another writer may prune the directory between its making and our create.
+        let mut file = match self.open_file(&tmp, create) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                self.create_dir_all(dir_rel)?;
+                self.open_file(&tmp, create)?
+            }
+            other => other?,
+        };
+        let result = (|| {
+            crate::shard::write_all_vectored(&mut file, buffers)?;
+            file.sync_data()?;
+            self.rename(&tmp, rel)?;
+            if durable {
+                self.sync_dir(dir_rel)?;
+            }
+            file.metadata()
+        })();
+        if result.is_err() {
+            let _ = self.remove_file(&tmp);
+        }
+        result
+    }
+
+    /// Removes the empty directories from `rel` upwards, stopping before `stop` (which is
+    /// kept) or at the first directory that is not empty.
+    pub fn prune_empty_dirs(&self, rel: &Path, stop: &Path) {
+        let mut dir = rel.to_path_buf();
+        while dir.starts_with(stop) && dir != stop && !dir.as_os_str().is_empty() {
+            if self.remove_dir(&dir).is_err() {
+                return;
+            }
+            if !dir.pop() {
+                return;
+            }
+        }
+    }
+
+    pub fn sync_dir(&self, rel: &Path) -> io::Result<()> {
+        rustix::fs::fsync(self.dir(rel)?)?;
+        Ok(())
+    }
+
+    /// `statvfs` of the file system holding BACKING.
+    pub fn statvfs(&self) -> io::Result<rustix::fs::StatVfs> {
+        Ok(rustix::fs::fstatvfs(self.root_fd.as_fd())?)
+    }
+}
+
+static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// ENOENT, or ENOTDIR from a path component that is a file: both mean "nothing there".
+pub fn is_absent(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ENOTDIR)
+}
+
+pub fn join_rel(dir: &Path, name: &OsStr) -> PathBuf {
+    if dir.as_os_str().is_empty() {
+        PathBuf::from(name)
+    } else {
+        dir.join(name)
+    }
+}
