@@ -261,6 +261,7 @@ pub fn run_foreground(config: &MountConfig, ready: Option<OwnedFd>) -> Result<()
         fs::create_dir_all(dir).map_err(io_err(dir))?;
     }
     let _ = fs::remove_file(&status_file);
+    sweep_status_files(status_file.parent());
     let signals = block_signals();
     raise_fd_limit();
     let core = Arc::new(ShardFs::with_config(
@@ -372,6 +373,31 @@ pub fn run_foreground(config: &MountConfig, ready: Option<OwnedFd>) -> Result<()
     }
 }
 
+/// Removes the status files of daemons that are gone, once nobody can still be waiting to
+/// read them (a plain `umount` leaves one behind; `shardfs unmount` removes its own).
+fn sweep_status_files(dir: Option<&Path>) {
+    let Some(Ok(entries)) = dir.map(fs::read_dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_suffix(".status"))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let old = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t.elapsed().unwrap_or_default() > Duration::from_secs(600));
+        if old && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = fs::remove_file(entry.path());
+        }
+    }
+}
+
 /// How long a daemon whose mount is gone keeps retrying writes that failed.
 const EXIT_RETRY: Duration = Duration::from_secs(30);
 
@@ -465,9 +491,13 @@ pub fn unmount(mountpoint: &Path, lazy: bool) -> Result<(), DaemonError> {
         let failed = read_control(&control)
             .map(|i| i.stats.failed)
             .unwrap_or_default();
-        return Err(DaemonError::Unclean(format!(
-            "pending data could not be written ({e}); {shown} stays mounted. Not written: {}",
+        let what = if failed.is_empty() {
+            "nothing named; see the daemon's log".to_string()
+        } else {
             failed.join("; ")
+        };
+        return Err(DaemonError::Unclean(format!(
+            "pending data could not be written ({e}); {shown} stays mounted. Not written: {what}"
         )));
     }
     let c = CString::new(mountpoint.as_os_str().as_bytes())
@@ -487,7 +517,10 @@ pub fn unmount(mountpoint: &Path, lazy: bool) -> Result<(), DaemonError> {
             info.pid
         )));
     }
-    match fs::read_to_string(&info.status_file) {
+    let status = fs::read_to_string(&info.status_file);
+    // Read once, by the one who asked: it has served its purpose.
+    let _ = fs::remove_file(&info.status_file);
+    match status {
         Ok(s) if s.trim() == "ok" => Ok(()),
         Ok(s) => Err(DaemonError::Unclean(s.trim().to_string())),
         Err(e) => Err(DaemonError::Unclean(format!(

@@ -336,7 +336,7 @@ impl Filesystem for FuseAdapter {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -360,6 +360,7 @@ impl Filesystem for FuseAdapter {
             atime: atime.map(time),
             mtime: mtime.map(time),
             fh: fh.map(|f| f.0),
+            by_root: req.uid() == 0,
         };
         match run(|| self.core.setattr(ino.0, &set)) {
             Ok(attr) => reply.attr(&ttl(&attr), &file_attr(&attr)),

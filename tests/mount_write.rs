@@ -10,7 +10,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::assert_ok;
-use common::mount::{Mounted, python_timeout, run_timeout, shardfs_timeout};
+use common::mount::{
+    Mounted, chunk, dirs, errno_of, python_ok, python_timeout, run_timeout, shardfs_timeout,
+    small_array, stats,
+};
 use common::{files_below, run_fixtures, stderr, stdout};
 use serde_json::Value;
 
@@ -28,24 +31,6 @@ fn writer(scenario: &str, root: &Path, out: &Path) -> std::process::Output {
             .args([scenario, root.to_str().unwrap(), out.to_str().unwrap()]),
         CLIENT,
     )
-}
-
-fn stats(m: &Mounted) -> Value {
-    let out = shardfs_timeout(&["stats", m.mountpoint.to_str().unwrap()], CLIENT);
-    assert_ok(&out, "stats");
-    serde_json::from_str(&stdout(&out)).unwrap()
-}
-
-/// Runs Python code (with the pinned clients) and `args` as its sys.argv[1:], which must
-/// succeed.
-fn python_ok(what: &str, code: &str, args: &[&Path]) {
-    let out = run_timeout(
-        std::process::Command::new(common::python())
-            .args(["-c", code])
-            .args(args),
-        CLIENT,
-    );
-    assert_ok(&out, what);
 }
 
 /// After unmount: `verify` clean, every array equal to what the writer meant, read natively
@@ -78,15 +63,6 @@ fn check_backing(backing: &Path, out: &Path, names: &[&str]) {
         .filter(|f| f.contains(".partial") || f.contains("__lock") || f.contains(".shardfs-"))
         .collect();
     assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
-}
-
-fn dirs() -> (tempfile::TempDir, PathBuf, PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    let backing = dir.path().join("backing");
-    let out = dir.path().join("expected");
-    fs::create_dir_all(&backing).unwrap();
-    fs::create_dir_all(&out).unwrap();
-    (dir, backing, out)
 }
 
 #[test]
@@ -243,24 +219,6 @@ fn cp_and_rsync_into_the_mount() {
 
 /// An array made by zarr-python through the mount, for the file-level tests: 4x4 chunks of
 /// 16x16 uint8, 2x2 chunks per shard (4 shards), default "/" keys.
-fn small_array(m: &Mounted, name: &str) -> PathBuf {
-    let script = format!(
-        "import zarr; zarr.create_array({:?}, shape=(64, 64), chunks=(16, 16), dtype='uint8', \
-         compressors=None, fill_value=0)",
-        m.path(name).to_str().unwrap()
-    );
-    python_ok("create array", &script, &[]);
-    m.path(name)
-}
-
-fn chunk(value: u8) -> Vec<u8> {
-    vec![value; 256]
-}
-
-fn errno_of(r: std::io::Result<impl Sized>) -> Option<i32> {
-    r.err().and_then(|e| e.raw_os_error())
-}
-
 #[test]
 fn bad_input_is_refused_and_nothing_else_is_disturbed() {
     let (_d, backing, _) = dirs();

@@ -35,6 +35,10 @@ pub enum FsError {
     Changed,
     #[error("no space for more pending data")]
     NoMemory,
+    #[error("file too large: {0}")]
+    TooBig(String),
+    #[error("busy: {0}")]
+    Busy(String),
     #[error("shard write failed earlier: {0}")]
     Failed(String, i32),
     #[error("damaged shard {path}: {reason}")]

@@ -123,6 +123,7 @@ impl ShardFs {
                 failed.push(format!("{}: {e}", shard.display()));
             }
         }
+        *super::array::lock(&self.shards.stats.not_written) = failed.clone();
         failed
     }
 
@@ -144,8 +145,13 @@ impl ShardFs {
                     .map(|a| self.backing.path(&a.shard_rel(&p.shard)))?;
                 Some(format!("{}: {}", shard.display(), f.message))
             })
-            .take(100)
             .collect();
+        for f in super::array::lock(&self.shards.stats.not_written).iter() {
+            if !report.failed.contains(f) {
+                report.failed.push(f.clone());
+            }
+        }
+        report.failed.truncate(100);
         report
     }
 }

@@ -259,15 +259,20 @@ impl ShardFs {
             let m = self.backing.stat(rel)?.ok_or(FsError::NotFound)?;
             Ok(Attr::from_backing(ino, &m))
         };
+        // The nearest directory that BACKING has (key directories may exist only in view).
         let owner = |rel: &Path| -> Result<std::fs::Metadata, FsError> {
-            match self.backing.stat(rel)? {
-                Some(m) => Ok(m),
-                None => self.backing.stat(Path::new(""))?.ok_or(FsError::NotFound),
+            for dir in rel.ancestors() {
+                if let Some(m) = self.backing.stat(dir)? {
+                    return Ok(m);
+                }
             }
+            Err(FsError::NotFound)
         };
-        let mem_attr = |file: &MemFile| -> Result<Attr, FsError> {
+        // Files in memory are owned like the directory they are in (a chunk: its array's),
+        // as they will be once stored.
+        let mem_attr = |file: &MemFile, dir: &Path| -> Result<Attr, FsError> {
             let s = file.snapshot();
-            let owner = owner(Path::new(""))?;
+            let owner = owner(dir)?;
             Ok(Attr {
                 perm: (s.mode & 0o7777) as u16,
                 ..Attr::virtual_file(ino, &owner, s.data.len(), s.mtime)
@@ -294,7 +299,7 @@ impl ShardFs {
                 })
             }
             NodeKind::ChunkDir { array, .. } => Ok(Attr::virtual_dir(ino, &owner(&array.rel)?)),
-            NodeKind::Temp(file) => mem_attr(file),
+            NodeKind::Temp(file) => mem_attr(file, rel.parent().unwrap_or(Path::new(""))),
             NodeKind::Control => {
                 let root = owner(Path::new(""))?;
                 Ok(Attr {
@@ -312,7 +317,7 @@ impl ShardFs {
                         c.range.nbytes,
                         c.mtime,
                     )),
-                    ChunkData::Pending(file) => mem_attr(&file),
+                    ChunkData::Pending(file) => mem_attr(&file, &array.rel),
                     // Its size is unknown: shown empty; opening it fails with EIO.
                     ChunkData::Damaged { mtime, .. } => {
                         Ok(Attr::virtual_file(ino, &owner(&array.rel)?, 0, mtime))

@@ -8,6 +8,11 @@ use bytes::Bytes;
 
 use super::array::lock;
 
+/// The largest file held in memory (a chunk file waiting for its shard, a temporary file
+/// inside an array): writes and truncations past it fail with EFBIG. Far above any sensible
+/// chunk, and low enough that the zeros of a hole can be written out.
+pub const MAX_FILE_BYTES: u64 = 4 << 30;
+
 /// Zeros for holes (sparse writes, truncation upwards), shared rather than allocated.
 static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
 
@@ -107,7 +112,7 @@ impl FileData {
 
     /// Copies `size` bytes at `offset` (fewer at the end).
     pub fn read(&self, offset: u64, size: u64) -> Vec<u8> {
-        let end = (offset + size).min(self.len);
+        let end = offset.saturating_add(size).min(self.len);
         if offset >= end {
             return Vec::new();
         }

@@ -19,6 +19,10 @@ pub struct Stats {
     pub write_errors: AtomicU64,
     /// Temporary files that were never renamed, written to BACKING as they are.
     pub temp_files_persisted: AtomicU64,
+    /// Internal errors (panics) caught and turned into EIO or a retry.
+    pub panics: AtomicU64,
+    /// What the last flush of everything could not write, each with its error.
+    pub not_written: std::sync::Mutex<Vec<String>>,
 }
 
 /// A moment's reading of the counters plus the pending state.
@@ -35,7 +39,10 @@ pub struct StatsReport {
     pub bytes_written: u64,
     pub write_errors: u64,
     pub temp_files_persisted: u64,
-    /// Shards whose last write failed, with the error.
+    #[serde(default)]
+    pub panics: u64,
+    /// Shards whose last write failed, and whatever else the last flush could not write,
+    /// each with its error.
     pub failed: Vec<String>,
 }
 
@@ -54,6 +61,7 @@ impl Stats {
             bytes_written: get(&self.bytes_written),
             write_errors: get(&self.write_errors),
             temp_files_persisted: get(&self.temp_files_persisted),
+            panics: get(&self.panics),
             ..StatsReport::default()
         }
     }

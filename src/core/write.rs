@@ -16,7 +16,7 @@ use super::attr::Attr;
 use super::error::FsError;
 use super::handle::Handle;
 use super::inode::{Ino, NodeKind};
-use super::memfile::MemFile;
+use super::memfile::{MAX_FILE_BYTES, MemFile};
 use super::shards::{ChunkData, WriteMode};
 use crate::backing::OpenMode;
 use crate::zarr::{KeyNode, METADATA_FILE};
@@ -31,6 +31,25 @@ pub struct SetAttr {
     pub atime: Option<SystemTime>,
     pub mtime: Option<SystemTime>,
     pub fh: Option<u64>,
+    /// Whether root asked: only root may set the set-user-ID and set-group-ID bits (the
+    /// daemon owns what it makes as root).
+    pub by_root: bool,
+}
+
+/// Refuses a file end past `MAX_FILE_BYTES` (or past any number) for a file in memory.
+fn check_size(rel: &Path, end: Option<u64>) -> Result<(), FsError> {
+    match end {
+        Some(end) if end <= MAX_FILE_BYTES => Ok(()),
+        _ => {
+            warn!(file = %rel.display(),
+                "refused (EFBIG): chunk and temporary files inside arrays are held in memory \
+                 and may be at most {MAX_FILE_BYTES} bytes; write a smaller file");
+            Err(FsError::TooBig(format!(
+                "{}: files inside arrays may be at most {MAX_FILE_BYTES} bytes",
+                rel.display()
+            )))
+        }
+    }
 }
 
 impl ShardFs {
@@ -82,6 +101,7 @@ impl ShardFs {
                 .write_all_at(data, offset)?;
             return Ok(data.len() as u32);
         }
+        check_size(&info.rel, offset.checked_add(data.len() as u64))?;
         let segment = Bytes::copy_from_slice(data);
         self.change_file(Some(h), &info.kind, |d| d.write(offset, segment.clone()))?;
         self.relieve_memory();
@@ -279,6 +299,7 @@ impl ShardFs {
             | NodeKind::Other => self.set_backing_attr(&info.rel, set)?,
             NodeKind::Temp(_) | NodeKind::Chunk { .. } => {
                 if let Some(size) = set.size {
+                    check_size(&info.rel, Some(size))?;
                     if size == 0
                         && let NodeKind::Chunk { array, coords } = &info.kind
                     {
@@ -334,7 +355,12 @@ impl ShardFs {
             self.backing.set_len(rel, size)?;
         }
         if let Some(mode) = set.mode {
-            self.backing.chmod(rel, mode & 0o7777)?;
+            let mode = if set.by_root {
+                mode & 0o7777
+            } else {
+                super::namespace::new_mode(mode)
+            };
+            self.backing.chmod(rel, mode)?;
         }
         if set.uid.is_some() || set.gid.is_some() {
             self.backing.chown(rel, set.uid, set.gid)?;

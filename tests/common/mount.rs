@@ -7,6 +7,10 @@ use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use serde_json::Value;
+
+use super::{assert_ok, stdout};
+
 /// Runs `cmd`, killing it and failing the test when it takes longer than `limit`.
 pub fn run_timeout(cmd: &mut Command, limit: Duration) -> Output {
     run_limited(cmd, limit).unwrap_or_else(|e| panic!("{e}"))
@@ -207,4 +211,53 @@ impl Drop for Mounted {
             }
         }
     }
+}
+
+// Helpers of the write-side tests.
+
+const CLIENT: Duration = Duration::from_secs(180);
+
+pub fn stats(m: &Mounted) -> Value {
+    let out = shardfs_timeout(&["stats", m.mountpoint.to_str().unwrap()], CLIENT);
+    assert_ok(&out, "stats");
+    serde_json::from_str(&stdout(&out)).unwrap()
+}
+
+/// Runs Python code (with the pinned clients) and `args` as its sys.argv[1:], which must
+/// succeed.
+pub fn python_ok(what: &str, code: &str, args: &[&Path]) {
+    let out = run_timeout(
+        std::process::Command::new(super::python())
+            .args(["-c", code])
+            .args(args),
+        CLIENT,
+    );
+    assert_ok(&out, what);
+}
+
+pub fn dirs() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let backing = dir.path().join("backing");
+    let out = dir.path().join("expected");
+    std::fs::create_dir_all(&backing).unwrap();
+    std::fs::create_dir_all(&out).unwrap();
+    (dir, backing, out)
+}
+
+pub fn small_array(m: &Mounted, name: &str) -> PathBuf {
+    let script = format!(
+        "import zarr; zarr.create_array({:?}, shape=(64, 64), chunks=(16, 16), dtype='uint8', \
+         compressors=None, fill_value=0)",
+        m.path(name).to_str().unwrap()
+    );
+    python_ok("create array", &script, &[]);
+    m.path(name)
+}
+
+pub fn chunk(value: u8) -> Vec<u8> {
+    vec![value; 256]
+}
+
+pub fn errno_of(r: std::io::Result<impl Sized>) -> Option<i32> {
+    r.err().and_then(|e| e.raw_os_error())
 }
