@@ -149,7 +149,7 @@ impl ShardFs {
         let Ok(view) = unsharded_view(sharded) else {
             return Ok(());
         };
-        let array = ArrayState {
+        let array = Arc::new(ArrayState {
             rel: dir.to_path_buf(),
             meta: sharded.clone(),
             layout,
@@ -160,7 +160,7 @@ impl ShardFs {
                 mtime_ns: 0,
             },
             meta_mtime: std::time::SystemTime::now(),
-        };
+        });
         let mut chunk_files = Vec::new();
         let mut key_dirs = Vec::new();
         self.collect_chunk_files(&array, dir, &KeyNode::Root, &mut chunk_files, &mut key_dirs)?;
@@ -188,7 +188,7 @@ impl ShardFs {
         for (coords, data) in contents {
             let file = Arc::new(MemFile::new(FileData::from_bytes(data), 0o644));
             self.shards.charge(file.len() as i64);
-            self.shards.put(&array, &coords, file);
+            self.shards.put(&self.backing, &array, &coords, file)?;
             shards.insert(array.layout.locate(&coords).shard);
         }
         let mut written = Vec::new();
@@ -205,7 +205,7 @@ impl ShardFs {
                     for (_, rel) in &chunk_files {
                         let _ = self.backing.rename(&staged(rel), rel);
                     }
-                    self.shards.forget_array(dir);
+                    self.shards.discard_array(dir);
                     warn!(array = %self.backing.path(dir).display(),
                         "chunk files could not be moved into shards, left as they were: {e}");
                     return Err(e);
@@ -245,17 +245,15 @@ impl ShardFs {
         Ok(())
     }
 
-    /// Writes every pending shard of the array at `dir`, if it is one.
+    /// Writes every pending shard of the arrays at `dir` (whatever layout each chunk was
+    /// written under).
     pub(crate) fn flush_array_at(&self, dir: &Path) -> Result<(), FsError> {
-        let Some(array) = self.array_at(dir)? else {
-            return Ok(());
-        };
         let mut first_error = None;
         for p in self.shards.pending() {
-            if p.array == array.rel
-                && let Err(e) =
-                    self.shards
-                        .write_shard(&self.backing, &array, &p.shard, WriteMode::Everything)
+            if p.array.rel == dir
+                && let Err(e) = self
+                    .shards
+                    .write_pending(&self.backing, &p, WriteMode::Everything)
             {
                 first_error.get_or_insert(e);
             }

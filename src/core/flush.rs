@@ -50,14 +50,7 @@ impl ShardFs {
     }
 
     fn write_pending(&self, p: &PendingShard, mode: WriteMode) -> Result<(), FsError> {
-        let Some(array) = self.array_at(&p.array)? else {
-            return Err(FsError::Invalid(format!(
-                "{}: the array's metadata is gone; its pending chunks cannot be placed",
-                p.array.display()
-            )));
-        };
-        self.shards
-            .write_shard(&self.backing, &array, &p.shard, mode)
+        self.shards.write_pending(&self.backing, p, mode)
     }
 
     /// Above the pending-memory limit, writes the biggest pending shards (their closed
@@ -80,6 +73,20 @@ impl ShardFs {
 
     /// Writes a temporary file that was never renamed to BACKING, as it is, at its path.
     pub(crate) fn persist_temp(&self, rel: &Path, file: &Arc<MemFile>) -> Result<(), FsError> {
+        let lock_name = rel
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.ends_with(crate::backing::lock::LOCK_SUFFIX));
+        if lock_name {
+            // A tensorstore lock file whose writer never renamed it (it gave up or died):
+            // tensorstore ignores such files, and in BACKING the name is a shard's lock.
+            if self.temps.file(rel).is_some_and(|f| Arc::ptr_eq(&f, file)) {
+                self.temps.remove_file(rel);
+                self.shards.charge(-(file.len() as i64));
+            }
+            info!(file = %rel.display(), "abandoned lock file dropped");
+            return Ok(());
+        }
         let segments = file.snapshot().data.segments();
         self.backing.write_atomic(rel, &segments, false)?;
         if self.temps.file(rel).is_some_and(|f| Arc::ptr_eq(&f, file)) {
@@ -114,12 +121,7 @@ impl ShardFs {
         }
         for p in self.shards.pending() {
             if let Err(e) = self.write_pending(&p, WriteMode::Everything) {
-                let shard = self
-                    .array_at(&p.array)
-                    .ok()
-                    .flatten()
-                    .map(|a| self.backing.path(&a.shard_rel(&p.shard)))
-                    .unwrap_or_else(|| self.backing.path(&p.array));
+                let shard = self.backing.path(&p.array.shard_rel(&p.shard));
                 failed.push(format!("{}: {e}", shard.display()));
             }
         }
@@ -138,11 +140,7 @@ impl ShardFs {
             .iter()
             .filter_map(|p| {
                 let f = p.failure.as_ref()?;
-                let shard = self
-                    .array_at(&p.array)
-                    .ok()
-                    .flatten()
-                    .map(|a| self.backing.path(&a.shard_rel(&p.shard)))?;
+                let shard = self.backing.path(&p.array.shard_rel(&p.shard));
                 Some(format!("{}: {}", shard.display(), f.message))
             })
             .collect();

@@ -39,8 +39,9 @@ pub struct FileHandle {
     pub writable: bool,
     /// A BACKING file opened for this handle.
     pub backing: Option<File>,
-    /// A stored chunk as it was at open, and its shard file, kept open for the reads.
-    pub stored: Mutex<Option<(StoredChunk, Arc<File>)>>,
+    /// The stored chunk last read through this handle (its shard file open): what stays
+    /// readable when the chunk is deleted while open.
+    pub stored: Mutex<Option<StoredChunk>>,
     /// A document served from memory, fixed at open.
     pub bytes: Option<Bytes>,
     /// The in-memory file this handle wrote to since its last FLUSH: it counts as one of
@@ -80,7 +81,10 @@ impl FileHandle {
     /// had written to, if any.
     pub fn take_dirty(&self) -> Option<Arc<MemFile>> {
         let file = lock(&self.dirty).take()?;
-        file.with(|s| s.unflushed = s.unflushed.saturating_sub(1));
+        file.with(|s| {
+            s.unflushed = s.unflushed.saturating_sub(1);
+            s.touched = Some(std::time::Instant::now());
+        });
         Some(file)
     }
 }

@@ -17,7 +17,6 @@ use super::memfile::{FileData, MemFile};
 use super::shards::ChunkData;
 use super::{CONTROL_FILE, CONTROL_SIZE, ShardFs};
 use crate::backing::{OpenMode, join_rel};
-use crate::shard::read_chunk_part;
 use crate::zarr::{KeyNode, METADATA_FILE, Separator};
 
 /// An opened file: its handle, and how the kernel should cache it.
@@ -53,6 +52,10 @@ pub(crate) enum ArrayName {
     Key(KeyNode),
     /// Shaped like a key (digits and separators) but not a valid one, or outside the grid.
     BadKey,
+    /// The lock file of a shard (`KEY.__lock`, see `crate::backing::lock`): BACKING's own
+    /// is never shown (its name may equal a writer's temporary file in the view, which is
+    /// held in memory instead).
+    ShardLock,
     /// Anything else: a temporary file's name, or an extra file of BACKING.
     Other,
 }
@@ -71,6 +74,11 @@ impl ArrayState {
             } else {
                 ArrayName::BadKey
             };
+        }
+        if let Some(stem) = name.strip_suffix(crate::backing::lock::LOCK_SUFFIX)
+            && matches!(self.classify_name(parent, stem), ArrayName::Key(_))
+        {
+            return ArrayName::ShardLock;
         }
         let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
         let key_like = match encoding.separator() {
@@ -201,7 +209,7 @@ impl ShardFs {
                     Err(FsError::NotFound)
                 }
             }
-            ArrayName::BadKey => Err(FsError::NotFound),
+            ArrayName::BadKey | ArrayName::ShardLock => Err(FsError::NotFound),
             // Not part of the key tree: whatever else BACKING holds there, as it is.
             ArrayName::Other => self.resolve_backing(Path::new(""), rel, name, false),
         }
@@ -211,7 +219,7 @@ impl ShardFs {
     /// or it was made with mkdir.
     pub(crate) fn key_dir_exists(
         &self,
-        array: &ArrayState,
+        array: &Arc<ArrayState>,
         node: &KeyNode,
         rel: &Path,
     ) -> Result<bool, FsError> {
@@ -394,7 +402,7 @@ impl ShardFs {
 
     fn key_listing(
         &self,
-        array: &ArrayState,
+        array: &Arc<ArrayState>,
         node: &KeyNode,
         rel: &Path,
     ) -> Result<Vec<ListEntry>, FsError> {
@@ -543,12 +551,7 @@ impl ShardFs {
                 } else {
                     match self.shards.chunk(&self.backing, array, coords)? {
                         ChunkData::Absent => return Err(FsError::NotFound),
-                        ChunkData::Stored(c) => match c.open(&self.backing) {
-                            Ok(file) => *lock(&handle.stored) = Some((c, Arc::new(file))),
-                            // Rewritten between the index and the open: look again.
-                            Err(FsError::Changed) => return self.open(ino, flags),
-                            Err(e) => return Err(e),
-                        },
+                        ChunkData::Stored(c) => *lock(&handle.stored) = Some(c),
                         ChunkData::Pending(_) => {}
                         ChunkData::Damaged { path, reason, .. } => {
                             return Err(FsError::DamagedShard { path, reason });
@@ -607,34 +610,18 @@ impl ShardFs {
                     ChunkData::Pending(file) => {
                         Ok(Bytes::from(file.snapshot().data.read(offset, size)))
                     }
+                    // Index and bytes come from the one descriptor the index was read from.
                     ChunkData::Stored(c) => {
-                        let mut pinned = lock(&h.stored);
-                        let file = match pinned.as_ref() {
-                            Some((p, f)) if p.version == c.version && p.range == c.range => {
-                                f.clone()
-                            }
-                            _ => match c.open(&self.backing) {
-                                Ok(f) => {
-                                    let f = Arc::new(f);
-                                    *pinned = Some((c.clone(), f.clone()));
-                                    f
-                                }
-                                // Rewritten between the index and the open: look again.
-                                Err(FsError::Changed) => {
-                                    drop(pinned);
-                                    return self.read(fh, offset, size as u32);
-                                }
-                                Err(e) => return Err(e),
-                            },
-                        };
-                        Ok(Bytes::from(read_chunk_part(&file, c.range, offset, size)?))
+                        let data = c.read_part(offset, size)?;
+                        *lock(&h.stored) = Some(c);
+                        Ok(data)
                     }
                     ChunkData::Damaged { path, reason, .. } => {
                         Err(FsError::DamagedShard { path, reason })
                     }
                     // Deleted since open: what was open stays readable.
                     ChunkData::Absent => match lock(&h.stored).as_ref() {
-                        Some((c, f)) => Ok(Bytes::from(read_chunk_part(f, c.range, offset, size)?)),
+                        Some(c) => c.read_part(offset, size),
                         None => Ok(Bytes::new()),
                     },
                 }

@@ -2,7 +2,7 @@
 //! arrays. Content is kept as the `Bytes` segments the kernel delivered, never joined.
 
 use std::sync::Mutex;
-use std::time::SystemTime;
+use std::time::{Instant, SystemTime};
 
 use bytes::Bytes;
 
@@ -152,6 +152,8 @@ pub struct MemState {
     /// Written into its shard and dropped from the pending set: a change now would be
     /// lost, so changes are refused and the writer starts again from the shard.
     pub retired: bool,
+    /// The last write or close: what "idle" counts from.
+    pub touched: Option<Instant>,
 }
 
 impl MemFile {
@@ -163,6 +165,7 @@ impl MemFile {
                 unflushed: 0,
                 version: 0,
                 retired: false,
+                touched: None,
                 mode,
             }),
         }
@@ -190,6 +193,7 @@ impl MemFile {
         }
         let before = s.data.len() as i64;
         f(&mut s.data);
+        s.touched = Some(Instant::now());
         s.version += 1;
         s.mtime = SystemTime::now();
         Some(s.data.len() as i64 - before)
@@ -207,6 +211,11 @@ impl MemFile {
 
     pub fn with<R>(&self, f: impl FnOnce(&mut MemState) -> R) -> R {
         f(&mut lock(&self.state))
+    }
+
+    /// When it was last written or closed.
+    pub fn touched(&self) -> Option<Instant> {
+        lock(&self.state).touched
     }
 
     pub fn settled(&self) -> bool {

@@ -86,7 +86,7 @@ impl ShardFs {
             {
                 Place::Extra(rel)
             }
-            ArrayName::Other => Place::Temp(rel),
+            ArrayName::Other | ArrayName::ShardLock => Place::Temp(rel),
         })
     }
 
@@ -241,7 +241,7 @@ impl ShardFs {
             NodeKind::Chunk { array, coords } => {
                 match self.shards.chunk(&self.backing, array, coords)? {
                     ChunkData::Pending(f) => Ok(f),
-                    ChunkData::Stored(c) => Ok(from_bytes(c.read(&self.backing)?)),
+                    ChunkData::Stored(c) => Ok(from_bytes(c.read()?)),
                     ChunkData::Damaged { path, reason, .. } => {
                         Err(FsError::DamagedShard { path, reason })
                     }
@@ -262,8 +262,12 @@ impl ShardFs {
     fn put_content(&self, place: &Place, file: Arc<MemFile>) -> Result<NodeKind, FsError> {
         match place {
             Place::Chunk(array, coords) => {
-                self.shards.charge(file.len() as i64);
-                self.shards.put(array, coords, file);
+                let len = file.len() as i64;
+                self.shards.charge(len);
+                if let Err(e) = self.shards.put(&self.backing, array, coords, file) {
+                    self.shards.charge(-len);
+                    return Err(e);
+                }
                 Ok(NodeKind::Chunk {
                     array: array.clone(),
                     coords: coords.clone(),
@@ -569,8 +573,8 @@ impl ShardFs {
             .shards
             .pending()
             .into_iter()
-            .filter(|p| p.array.starts_with(rel))
-            .map(|p| p.array)
+            .filter(|p| p.array.rel.starts_with(rel))
+            .map(|p| p.array.rel.clone())
             .collect();
         for array in arrays {
             self.flush_array_at(&array)?;

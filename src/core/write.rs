@@ -154,7 +154,7 @@ impl ShardFs {
         let info = self.node(h.ino)?;
         match &info.kind {
             NodeKind::Chunk { array, coords } => {
-                self.shards.settle(array, coords);
+                self.shards.settle(&self.backing, array, coords)?;
                 self.complete_if_ready(array, coords, true)
             }
             NodeKind::Temp(f)
@@ -203,12 +203,12 @@ impl ShardFs {
     /// close: the writer learns that its data is not in BACKING yet).
     pub(crate) fn complete_if_ready(
         &self,
-        array: &ArrayState,
+        array: &Arc<ArrayState>,
         coords: &[u64],
         sticky: bool,
     ) -> Result<(), FsError> {
         let shard = array.layout.locate(coords).shard;
-        if self.shards.ready(&self.backing, array, &shard) {
+        if self.shards.ready(&self.backing, array, &shard)? {
             return self
                 .shards
                 .write_shard(&self.backing, array, &shard, WriteMode::Complete);
@@ -272,15 +272,15 @@ impl ShardFs {
     }
 
     /// Writes, durably, every pending shard of `array` that holds chunks below `node`.
-    fn flush_array_below(&self, array: &ArrayState, node: &KeyNode) -> Result<(), FsError> {
+    fn flush_array_below(&self, array: &Arc<ArrayState>, node: &KeyNode) -> Result<(), FsError> {
         let cps = array.layout.chunks_per_shard();
         let shard_prefix: Vec<u64> = node.prefix().iter().zip(cps).map(|(c, n)| c / n).collect();
         let mut first_error = None;
         for p in self.shards.pending() {
-            if p.array == array.rel && p.shard.starts_with(&shard_prefix) {
-                let r =
-                    self.shards
-                        .write_shard(&self.backing, array, &p.shard, WriteMode::Everything);
+            if p.array.rel == array.rel && p.shard.starts_with(&shard_prefix) {
+                let r = self
+                    .shards
+                    .write_pending(&self.backing, &p, WriteMode::Everything);
                 if let Err(e) = r {
                     first_error.get_or_insert(e);
                 }

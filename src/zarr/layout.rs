@@ -110,6 +110,18 @@ pub struct ShardLayout {
     pub key_encoding: ChunkKeyEncoding,
 }
 
+impl ShardLayout {
+    /// Whether chunks land at the same places (shard files and index positions) under both
+    /// layouts: a resize keeps placement, another chunk shape, chunks per shard, index or
+    /// key encoding does not.
+    pub fn same_placement(&self, other: &ShardLayout) -> bool {
+        self.shard_shape == other.shard_shape
+            && self.chunk_shape == other.chunk_shape
+            && self.index == other.index
+            && self.key_encoding == other.key_encoding
+    }
+}
+
 /// The `chunk_shape` of a regular chunk grid.
 pub fn regular_chunk_shape(meta: &ArrayMetadata) -> Result<Vec<u64>, LayoutError> {
     if meta.chunk_grid.name != "regular" {

@@ -1,0 +1,658 @@
+//! Shards as the mount knows them: the decoded index of each shard file (cached, within a
+//! bounded budget, until the file changes), and the chunks written through the mount that
+//! wait for their shard.
+//!
+//! A shard is written when every position of it inside the array has been written and
+//! closed, or deleted, in this round: then all its chunks go out in one vectored write, to a
+//! temporary file renamed over the shard. Partial writes (merged over the shard file) come
+//! from fsync, idleness, memory pressure and unmount. `write.rs` does the writing;
+//! `stored.rs` reads shard files.
+
+mod stored;
+mod write;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Instant, SystemTime};
+
+use bytes::Bytes;
+
+use super::array::{ArrayState, KeyEntry, lock};
+use super::error::FsError;
+use super::memfile::{FileData, MemFile};
+use super::stats::Stats;
+use crate::backing::Backing;
+use crate::grid;
+use crate::shard::IndexError;
+use crate::zarr::KeyNode;
+pub use stored::StoredChunk;
+use stored::{OpenShard, StoredIndex, open_shard};
+pub use write::WriteMode;
+
+type SlotKey = (PathBuf, Vec<u64>);
+
+/// The default budget of the index cache, in bytes (`--index-cache-bytes`).
+pub const DEFAULT_INDEX_CACHE: u64 = 256 << 20;
+/// What a slot costs besides its index: the map entry, its key and its state.
+const SLOT_COST: u64 = 256;
+
+#[derive(Debug)]
+pub struct ShardRegistry {
+    slots: Mutex<BTreeMap<SlotKey, Arc<ShardSlot>>>,
+    pub stats: Stats,
+    /// Bytes held by pending chunks and temporary files.
+    pending_bytes: AtomicI64,
+    /// What the slots and their cached indexes cost, against `cache_limit`.
+    cache_bytes: AtomicU64,
+    cache_limit: u64,
+    /// A clock for "least recently used".
+    clock: AtomicU64,
+}
+
+impl Default for ShardRegistry {
+    fn default() -> Self {
+        ShardRegistry::new(DEFAULT_INDEX_CACHE)
+    }
+}
+
+#[derive(Debug)]
+struct ShardSlot {
+    /// The array, and so the layout, its chunks were written under: they are written into
+    /// shards of that layout, whatever `zarr.json` says by then.
+    array: Arc<ArrayState>,
+    shard: Vec<u64>,
+    state: Mutex<ShardState>,
+    /// Held for the whole of a shard write: one shard, one writer at a time.
+    writing: Mutex<()>,
+    last_used: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct ShardState {
+    stored: Option<StoredIndex>,
+    /// Chunks written through the mount and not yet in the shard file.
+    pending: BTreeMap<usize, Arc<MemFile>>,
+    /// Positions deleted through the mount that the shard file still holds.
+    deleted: BTreeSet<usize>,
+    /// Positions written (and closed) or deleted in this round.
+    done: BTreeSet<usize>,
+    last_change: Option<Instant>,
+    failure: Option<Failure>,
+}
+
+impl ShardState {
+    /// Nothing of it needs to stay: no data, no round in progress, no failure to report.
+    fn clean(&self) -> bool {
+        self.pending.is_empty()
+            && self.deleted.is_empty()
+            && self.done.is_empty()
+            && self.failure.is_none()
+    }
+}
+
+/// Why the last write of a shard failed; reported to writers until a write succeeds.
+#[derive(Clone, Debug)]
+pub struct Failure {
+    pub errno: i32,
+    pub message: String,
+    pub at: Instant,
+}
+
+/// Where the bytes of one inner chunk are, if anywhere.
+#[derive(Clone, Debug)]
+pub enum ChunkData {
+    Absent,
+    Stored(StoredChunk),
+    /// Written through the mount, waiting for its shard.
+    Pending(Arc<MemFile>),
+    /// Its shard's index is damaged: the chunk is listed, but reading it fails with EIO.
+    Damaged {
+        path: PathBuf,
+        reason: IndexError,
+        mtime: SystemTime,
+    },
+}
+
+/// One pending shard, for the flusher and for stats.
+#[derive(Clone, Debug)]
+pub struct PendingShard {
+    /// The array its chunks were written under.
+    pub array: Arc<ArrayState>,
+    pub shard: Vec<u64>,
+    pub bytes: u64,
+    pub chunks: usize,
+    /// The last change: a write, a close, a rename or a deletion.
+    pub last_change: Option<Instant>,
+    pub failure: Option<Failure>,
+    pub all_settled: bool,
+}
+
+impl ShardRegistry {
+    pub fn new(cache_limit: u64) -> ShardRegistry {
+        ShardRegistry {
+            slots: Mutex::default(),
+            stats: Stats::default(),
+            pending_bytes: AtomicI64::new(0),
+            cache_bytes: AtomicU64::new(0),
+            cache_limit,
+            clock: AtomicU64::new(0),
+        }
+    }
+
+    /// The slot of `shard` of `array`. A slot left by an earlier layout of the array (its
+    /// `zarr.json` was rewritten outside the mount) is written out under that layout first;
+    /// when that fails, the chunks stay and the caller gets EBUSY.
+    fn slot(
+        &self,
+        backing: &Backing,
+        array: &Arc<ArrayState>,
+        shard: &[u64],
+    ) -> Result<Arc<ShardSlot>, FsError> {
+        for _ in 0..3 {
+            let old = {
+                let mut slots = lock(&self.slots);
+                let key = (array.rel.clone(), shard.to_vec());
+                match slots.get(&key) {
+                    Some(s) if s.array.layout.same_placement(&array.layout) => {
+                        s.last_used.store(self.tick(), Ordering::Relaxed);
+                        return Ok(s.clone());
+                    }
+                    Some(s) if !lock(&s.state).clean() => s.clone(),
+                    _ => {
+                        let fresh = Arc::new(ShardSlot {
+                            array: array.clone(),
+                            shard: shard.to_vec(),
+                            state: Mutex::default(),
+                            writing: Mutex::default(),
+                            last_used: AtomicU64::new(self.tick()),
+                        });
+                        if let Some(gone) = slots.insert(key, fresh.clone()) {
+                            self.uncache(&lock(&gone.state));
+                        }
+                        self.cache_bytes.fetch_add(SLOT_COST, Ordering::Relaxed);
+                        drop(slots);
+                        self.evict_if_over();
+                        return Ok(fresh);
+                    }
+                }
+            };
+            self.write_slot(backing, &old, WriteMode::Everything)?;
+        }
+        Err(FsError::Busy(format!(
+            "{}: chunks of the array's earlier layout are still pending",
+            array.rel.display()
+        )))
+    }
+
+    fn tick(&self) -> u64 {
+        self.clock.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub fn pending_bytes(&self) -> u64 {
+        self.pending_bytes.load(Ordering::Relaxed).max(0) as u64
+    }
+
+    /// Accounts for `delta` bytes more (or fewer) held in memory.
+    pub fn charge(&self, delta: i64) {
+        self.pending_bytes.fetch_add(delta, Ordering::Relaxed);
+    }
+
+    /// Replaces the cached index of a slot, keeping the cache's account.
+    fn set_stored(&self, st: &mut ShardState, new: Option<StoredIndex>) {
+        self.uncache_index(st);
+        if let Some(s) = &new {
+            self.cache_bytes.fetch_add(s.cost(), Ordering::Relaxed);
+        }
+        st.stored = new;
+    }
+
+    fn uncache_index(&self, st: &ShardState) {
+        if let Some(old) = &st.stored {
+            self.cache_bytes.fetch_sub(old.cost(), Ordering::Relaxed);
+        }
+    }
+
+    fn uncache(&self, st: &ShardState) {
+        self.uncache_index(st);
+        self.cache_bytes.fetch_sub(SLOT_COST, Ordering::Relaxed);
+    }
+
+    /// Over the budget, drops the least recently used slots that hold nothing but a cached
+    /// index (and that nobody is using right now), down to three quarters of it.
+    fn evict_if_over(&self) {
+        if self.cache_bytes.load(Ordering::Relaxed) <= self.cache_limit {
+            return;
+        }
+        let mut slots = lock(&self.slots);
+        let mut idle: Vec<(u64, SlotKey)> = slots
+            .iter()
+            .filter(|(_, s)| Arc::strong_count(s) == 1)
+            .filter(|(_, s)| s.state.try_lock().is_ok_and(|st| st.clean()))
+            .map(|(k, s)| (s.last_used.load(Ordering::Relaxed), k.clone()))
+            .collect();
+        idle.sort_unstable();
+        let target = self.cache_limit / 4 * 3;
+        for (_, key) in idle {
+            if self.cache_bytes.load(Ordering::Relaxed) <= target {
+                break;
+            }
+            if let Some(slot) = slots.remove(&key) {
+                self.uncache(&lock(&slot.state));
+            }
+        }
+    }
+
+    /// The cache's size now: slots and the bytes they cost.
+    pub fn cache_usage(&self) -> (u64, u64) {
+        (
+            lock(&self.slots).len() as u64,
+            self.cache_bytes.load(Ordering::Relaxed),
+        )
+    }
+
+    /// The shard file as it is now, open, with its index (cached when unchanged).
+    /// `Ok(None)`: no shard file.
+    fn open_stored(
+        &self,
+        backing: &Backing,
+        slot: &ShardSlot,
+        shard: &[u64],
+        st: &mut ShardState,
+    ) -> Result<Option<OpenShard>, FsError> {
+        let array = &slot.array;
+        let rel = array.shard_rel(shard);
+        let opened = open_shard(backing, &rel, &array.layout.index, st.stored.as_ref())?;
+        let current = opened.as_ref().map(|o| o.stored.clone());
+        let same = match (&current, &st.stored) {
+            (Some(a), Some(b)) => a.version == b.version,
+            (None, None) => true,
+            _ => false,
+        };
+        if !same {
+            self.set_stored(st, current);
+        }
+        Ok(opened)
+    }
+
+    /// Where the chunk at grid coordinates `coords` is.
+    pub fn chunk(
+        &self,
+        backing: &Backing,
+        array: &Arc<ArrayState>,
+        coords: &[u64],
+    ) -> Result<ChunkData, FsError> {
+        if !array.chunk_inside(coords) {
+            return Ok(ChunkData::Absent);
+        }
+        let loc = array.layout.locate(coords);
+        let slot = self.slot(backing, array, &loc.shard)?;
+        let mut st = lock(&slot.state);
+        if let Some(m) = st.pending.get(&loc.pos) {
+            return Ok(ChunkData::Pending(m.clone()));
+        }
+        if st.deleted.contains(&loc.pos) {
+            return Ok(ChunkData::Absent);
+        }
+        let Some(open) = self.open_stored(backing, &slot, &loc.shard, &mut st)? else {
+            return Ok(ChunkData::Absent);
+        };
+        let rel = array.shard_rel(&loc.shard);
+        Ok(match open.stored.index {
+            Err(reason) => ChunkData::Damaged {
+                path: backing.path(&rel),
+                reason,
+                mtime: open.stored.mtime,
+            },
+            Ok(index) => match index.get(loc.pos) {
+                None => ChunkData::Absent,
+                Some(range) => ChunkData::Stored(StoredChunk {
+                    rel,
+                    version: open.stored.version,
+                    range,
+                    mtime: open.stored.mtime,
+                    file: open.file,
+                }),
+            },
+        })
+    }
+
+    /// Calls `f` with every chunk below `node` that exists (stored, not deleted, or
+    /// pending), shard by shard, until `f` breaks. A damaged shard contributes every
+    /// position of it inside the array, so that its chunks show up (and fail to read)
+    /// rather than vanish.
+    fn for_each_chunk_below(
+        &self,
+        backing: &Backing,
+        array: &Arc<ArrayState>,
+        node: &KeyNode,
+        mut f: impl FnMut(Vec<u64>) -> ControlFlow<()>,
+    ) -> Result<(), FsError> {
+        let prefix = node.prefix();
+        let cps = array.layout.chunks_per_shard().to_vec();
+        let shard_prefix: Vec<u64> = prefix.iter().zip(&cps).map(|(c, n)| c / n).collect();
+        let mut shards: BTreeSet<Vec<u64>> = BTreeSet::new();
+        array.walk_shard_files(backing, &shard_prefix, &mut |s| {
+            shards.insert(s);
+            ControlFlow::Continue(())
+        })?;
+        let candidates: Vec<(Vec<u64>, Arc<ShardSlot>)> = lock(&self.slots)
+            .range((array.rel.clone(), vec![])..)
+            .take_while(|((rel, _), _)| *rel == array.rel)
+            .filter(|((_, shard), _)| shard.starts_with(&shard_prefix))
+            .map(|((_, shard), slot)| (shard.clone(), slot.clone()))
+            .collect();
+        for (shard, slot) in candidates {
+            if !lock(&slot.state).pending.is_empty() {
+                shards.insert(shard);
+            }
+        }
+        for shard in shards {
+            let slot = self.slot(backing, array, &shard)?;
+            let positions: BTreeSet<usize> = {
+                let mut st = lock(&slot.state);
+                let mut positions: BTreeSet<usize> =
+                    match self.open_stored(backing, &slot, &shard, &mut st)? {
+                        None => BTreeSet::new(),
+                        Some(OpenShard { stored, .. }) => match stored.index {
+                            Ok(index) => index.present().map(|(p, _)| p).collect(),
+                            Err(_) => (0..grid::count(&cps)).collect(),
+                        },
+                    };
+                positions.retain(|p| !st.deleted.contains(p));
+                positions.extend(st.pending.keys().copied());
+                positions
+            };
+            for pos in positions {
+                let coords = array.layout.chunk_coords(&shard, pos);
+                if coords.starts_with(prefix) && array.chunk_inside(&coords) && f(coords).is_break()
+                {
+                    return Ok(());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn has_chunks_below(
+        &self,
+        backing: &Backing,
+        array: &Arc<ArrayState>,
+        node: &KeyNode,
+    ) -> Result<bool, FsError> {
+        let mut found = false;
+        self.for_each_chunk_below(backing, array, node, |_| {
+            found = true;
+            ControlFlow::Break(())
+        })?;
+        Ok(found)
+    }
+
+    /// The entries of `node` that hold chunks, sorted by coordinates.
+    pub fn list(
+        &self,
+        backing: &Backing,
+        array: &Arc<ArrayState>,
+        node: &KeyNode,
+    ) -> Result<Vec<KeyEntry>, FsError> {
+        let encoding = array.layout.key_encoding;
+        let mut children: BTreeSet<(Vec<u64>, KeyEntry)> = BTreeSet::new();
+        self.for_each_chunk_below(backing, array, node, |coords| {
+            let (name, child) = encoding.child_towards(node, &coords);
+            let order = child.prefix().to_vec();
+            children.insert((order, KeyEntry { name, node: child }));
+            ControlFlow::Continue(())
+        })?;
+        Ok(children.into_iter().map(|(_, entry)| entry).collect())
+    }
+
+    /// The pending chunk at `coords`, made if needed: empty when `truncate`, else starting
+    /// from the stored chunk's bytes (a write into the middle of a stored chunk).
+    pub fn open_for_write(
+        &self,
+        backing: &Backing,
+        array: &Arc<ArrayState>,
+        coords: &[u64],
+        truncate: bool,
+    ) -> Result<Arc<MemFile>, FsError> {
+        let loc = array.layout.locate(coords);
+        let slot = self.slot(backing, array, &loc.shard)?;
+        let mut st = lock(&slot.state);
+        if let Some(m) = st.pending.get(&loc.pos).cloned() {
+            if truncate {
+                let delta = m.change(|d| d.truncate(0)).unwrap_or(0);
+                self.charge(delta);
+                // Emptied for a new writer: not done until that writer closes it.
+                st.done.remove(&loc.pos);
+            }
+            return Ok(m);
+        }
+        let base = if truncate || st.deleted.contains(&loc.pos) {
+            FileData::default()
+        } else {
+            match self.open_stored(backing, &slot, &loc.shard, &mut st)? {
+                None => FileData::default(),
+                Some(OpenShard { file, stored }) => match stored.index {
+                    Ok(index) => match index.get(loc.pos) {
+                        Some(range) => FileData::from_bytes(Bytes::from(
+                            crate::shard::read_chunk_part(&file, range, 0, range.nbytes)?,
+                        )),
+                        None => FileData::default(),
+                    },
+                    Err(reason) => {
+                        return Err(FsError::DamagedShard {
+                            path: backing.path(&array.shard_rel(&loc.shard)),
+                            reason,
+                        });
+                    }
+                },
+            }
+        };
+        let m = Arc::new(MemFile::new(base, 0o644));
+        self.charge(m.len() as i64);
+        st.deleted.remove(&loc.pos);
+        st.pending.insert(loc.pos, m.clone());
+        st.last_change = Some(Instant::now());
+        Ok(m)
+    }
+
+    /// Makes `file` the content of the chunk at `coords` (a rename onto its key), marking
+    /// the position done when the file is already closed. Returns the content it replaced.
+    pub fn put(
+        &self,
+        backing: &Backing,
+        array: &Arc<ArrayState>,
+        coords: &[u64],
+        file: Arc<MemFile>,
+    ) -> Result<Option<Arc<MemFile>>, FsError> {
+        let loc = array.layout.locate(coords);
+        let slot = self.slot(backing, array, &loc.shard)?;
+        let mut st = lock(&slot.state);
+        st.deleted.remove(&loc.pos);
+        if file.settled() {
+            st.done.insert(loc.pos);
+        }
+        st.last_change = Some(Instant::now());
+        let old = st.pending.insert(loc.pos, file);
+        if let Some(o) = &old {
+            self.charge(-(o.len() as i64));
+        }
+        Ok(old)
+    }
+
+    /// Deletes the chunk at `coords`. Returns whether there was one.
+    pub fn delete(
+        &self,
+        backing: &Backing,
+        array: &Arc<ArrayState>,
+        coords: &[u64],
+    ) -> Result<bool, FsError> {
+        let loc = array.layout.locate(coords);
+        let slot = self.slot(backing, array, &loc.shard)?;
+        let mut st = lock(&slot.state);
+        let had_pending = st.pending.remove(&loc.pos).inspect(|m| {
+            self.charge(-(m.len() as i64));
+        });
+        let stored = match self.open_stored(backing, &slot, &loc.shard, &mut st)? {
+            Some(OpenShard { stored, .. }) => match stored.index {
+                Ok(index) => index.get(loc.pos).is_some(),
+                // A damaged shard: the chunk may be there; deleting it is always allowed.
+                Err(_) => true,
+            },
+            None => false,
+        };
+        let existed = had_pending.is_some() || (stored && !st.deleted.contains(&loc.pos));
+        // Recorded even when only pending: a shard write in flight may carry the chunk into
+        // the file, and the deletion must then win.
+        if stored || had_pending.is_some() {
+            st.deleted.insert(loc.pos);
+        }
+        if existed {
+            st.done.insert(loc.pos);
+            st.last_change = Some(Instant::now());
+        }
+        Ok(existed)
+    }
+
+    /// Marks the chunk at `coords` written and closed.
+    pub fn settle(
+        &self,
+        backing: &Backing,
+        array: &Arc<ArrayState>,
+        coords: &[u64],
+    ) -> Result<(), FsError> {
+        let loc = array.layout.locate(coords);
+        let slot = self.slot(backing, array, &loc.shard)?;
+        let mut st = lock(&slot.state);
+        if st.pending.get(&loc.pos).is_some_and(|m| m.settled()) {
+            st.done.insert(loc.pos);
+        }
+        Ok(())
+    }
+
+    /// Whether the shard should be written now: every position inside the array is done
+    /// and every pending chunk closed, or nothing at all is left in it.
+    pub fn ready(
+        &self,
+        backing: &Backing,
+        array: &Arc<ArrayState>,
+        shard: &[u64],
+    ) -> Result<bool, FsError> {
+        let slot = self.slot(backing, array, shard)?;
+        let mut st = lock(&slot.state);
+        if st.pending.is_empty() && st.deleted.is_empty() {
+            return Ok(false);
+        }
+        let inside = array.layout.positions_inside(shard);
+        if st.done.len() >= inside && st.pending.values().all(|m| m.settled()) {
+            return Ok(true);
+        }
+        // Everything the file holds was deleted and nothing is pending: it can go now. Only
+        // then is the shard file looked at (a FLUSH of every chunk comes through here).
+        if !st.pending.is_empty() {
+            return Ok(false);
+        }
+        let Ok(Some(OpenShard { stored, .. })) = self.open_stored(backing, &slot, shard, &mut st)
+        else {
+            return Ok(false);
+        };
+        Ok(match stored.index {
+            Ok(index) => index.present().all(|(p, _)| st.deleted.contains(&p)),
+            Err(_) => false,
+        })
+    }
+
+    /// The failure of the last write of the shard, if any.
+    pub fn failure(&self, array: &ArrayState, shard: &[u64]) -> Option<Failure> {
+        let slots = lock(&self.slots);
+        let slot = slots.get(&(array.rel.clone(), shard.to_vec()))?;
+        lock(&slot.state).failure.clone()
+    }
+
+    /// Writes the shard of `array` (per `mode`).
+    pub fn write_shard(
+        &self,
+        backing: &Backing,
+        array: &Arc<ArrayState>,
+        shard: &[u64],
+        mode: WriteMode,
+    ) -> Result<(), FsError> {
+        let slot = self.slot(backing, array, shard)?;
+        self.write_slot(backing, &slot, mode)
+    }
+
+    /// Writes a pending shard as listed by `pending()`, under the layout it was written in.
+    pub fn write_pending(
+        &self,
+        backing: &Backing,
+        p: &PendingShard,
+        mode: WriteMode,
+    ) -> Result<(), FsError> {
+        let slot = lock(&self.slots)
+            .get(&(p.array.rel.clone(), p.shard.clone()))
+            .cloned();
+        match slot {
+            Some(slot) => self.write_slot(backing, &slot, mode),
+            None => Ok(()),
+        }
+    }
+
+    /// Every shard with something pending, for the flusher and for stats.
+    pub fn pending(&self) -> Vec<PendingShard> {
+        let slots: Vec<(SlotKey, Arc<ShardSlot>)> = lock(&self.slots)
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        slots
+            .into_iter()
+            .filter_map(|((_, shard), slot)| {
+                let st = lock(&slot.state);
+                if st.pending.is_empty() && st.deleted.is_empty() {
+                    return None;
+                }
+                let touched = st.pending.values().filter_map(|m| m.touched()).max();
+                Some(PendingShard {
+                    array: slot.array.clone(),
+                    shard,
+                    bytes: st.pending.values().map(|m| m.len()).sum(),
+                    chunks: st.pending.len(),
+                    last_change: st.last_change.max(touched),
+                    failure: st.failure.clone(),
+                    all_settled: st.pending.values().all(|m| m.settled()),
+                })
+            })
+            .collect()
+    }
+
+    /// Drops the cached state of the arrays at and below `rel` (their directory is gone or
+    /// moved). Slots that still hold something are kept: their data is written under the
+    /// layout it belongs to, never dropped.
+    pub fn forget_array(&self, rel: &Path) {
+        let mut slots = lock(&self.slots);
+        slots.retain(|(r, _), slot| {
+            let keep = !r.starts_with(rel) || !lock(&slot.state).clean();
+            if !keep {
+                self.uncache(&lock(&slot.state));
+            }
+            keep
+        });
+    }
+
+    /// Drops everything of the array at `rel`, pending chunks included (an import that
+    /// was undone: the chunks are back in their files).
+    pub fn discard_array(&self, rel: &Path) {
+        let mut slots = lock(&self.slots);
+        slots.retain(|(r, _), slot| {
+            if r != rel {
+                return true;
+            }
+            let st = lock(&slot.state);
+            let held: u64 = st.pending.values().map(|m| m.len()).sum();
+            self.charge(-(held as i64));
+            self.uncache(&st);
+            false
+        });
+    }
+}
