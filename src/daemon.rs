@@ -324,7 +324,7 @@ pub fn run_foreground(config: &MountConfig, ready: Option<OwnedFd>) -> Result<()
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     std::thread::park_timeout(tick);
                     if !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                        core.tick();
+                        core.contain("the background flusher", || core.tick());
                     }
                 }
             })
@@ -343,7 +343,13 @@ pub fn run_foreground(config: &MountConfig, ready: Option<OwnedFd>) -> Result<()
     let _ = flusher.join();
     // Whatever is still pending is written now; failures are retried for a while (the
     // disk may be freed), then named in the status file.
-    let mut failed = core.flush_all();
+    let flush = || {
+        core.contain("the final flush", || core.flush_all())
+            .unwrap_or_else(|| {
+                vec!["internal error while writing what is pending (see the log)".into()]
+            })
+    };
+    let mut failed = flush();
     let deadline = Instant::now() + EXIT_RETRY;
     while !failed.is_empty() && Instant::now() < deadline {
         error!(
@@ -352,7 +358,7 @@ pub fn run_foreground(config: &MountConfig, ready: Option<OwnedFd>) -> Result<()
             failed.join("; ")
         );
         std::thread::sleep(Duration::from_secs(2));
-        failed = core.flush_all();
+        failed = flush();
     }
     let status = match (&result, failed.is_empty()) {
         (Ok(()), true) => "ok\n".to_string(),

@@ -31,7 +31,7 @@ impl ShardFs {
             Err(e) => {
                 warn!(file = %shown.display(),
                     "not Zarr v3 metadata ({e}): stored as written; the directory is not treated as an array");
-                self.flush_array_at(dir)?;
+                self.settle_layout(dir, None)?;
                 bytes.to_vec()
             }
             Ok(Node::Array(meta)) => {
@@ -43,7 +43,11 @@ impl ShardFs {
                         "sharded metadata written through the mount".into(),
                     ));
                 }
-                match self.sharded_form(dir, &meta) {
+                let sharded = self.sharded_form(dir, &meta);
+                if let Ok(new) = &sharded {
+                    self.settle_layout(dir, Some(new))?;
+                }
+                match sharded {
                     Ok(sharded) if self.array_at(dir)?.is_none() => {
                         // Nothing new may appear in plain directories until the array
                         // exists, so that every chunk file written before is imported.
@@ -63,13 +67,13 @@ impl ShardFs {
                     }
                     Err(e) => {
                         info!(file = %shown.display(), "stored unsharded, as written: {e}");
-                        self.flush_array_at(dir)?;
+                        self.settle_layout(dir, None)?;
                         bytes.to_vec()
                     }
                 }
             }
             Ok(Node::Group(group)) => {
-                self.flush_array_at(dir)?;
+                self.settle_layout(dir, None)?;
                 if group.consolidated_entries().is_none() {
                     bytes.to_vec()
                 } else {
@@ -100,8 +104,7 @@ impl ShardFs {
     /// The sharded form of unsharded `meta` for the array at `dir`: with the chunks per
     /// shard and index location it already has when it is an existing sharded array with
     /// the same chunks, codecs and keys (a resize or an attribute update), else from the
-    /// shard policy. Pending chunks of an existing array whose layout changes are written
-    /// first, with the old layout.
+    /// shard policy.
     fn sharded_form(&self, dir: &Path, meta: &ArrayMetadata) -> Result<ArrayMetadata, LayoutError> {
         let chunk_shape = regular_chunk_shape(meta)?;
         let existing = self.array_at(dir).ok().flatten();
@@ -121,11 +124,6 @@ impl ShardFs {
         let (cps, location) = match kept {
             Some(k) => k,
             None => {
-                if existing.is_some()
-                    && let Err(e) = self.flush_array_at(dir)
-                {
-                    warn!(array = %dir.display(), "pending chunks of the old layout not written: {e}");
-                }
                 let cps = self.config.policy.chunks_per_shard(
                     &meta.shape,
                     &chunk_shape,
@@ -243,6 +241,30 @@ impl ShardFs {
             }
         }
         Ok(())
+    }
+
+    /// Before `dir/zarr.json` changes to `new` (`None`: no longer a sharded array): when
+    /// chunks would land elsewhere under the new document, the pending ones are written
+    /// under the layout they were written in. When that fails, the change is refused
+    /// (EBUSY) and nothing changes.
+    fn settle_layout(&self, dir: &Path, new: Option<&ArrayMetadata>) -> Result<(), FsError> {
+        let Some(old) = self.array_at(dir)? else {
+            return Ok(());
+        };
+        let new_layout = new.and_then(|m| ShardLayout::of(m).ok().flatten());
+        if new_layout.is_some_and(|l| l.same_placement(&old.layout)) {
+            return Ok(());
+        }
+        self.flush_array_at(dir).map_err(|e| {
+            warn!(array = %self.backing.path(dir).display(),
+                "refused (EBUSY): a new zarr.json would change where chunks go, and the chunks \
+                 still pending could not be written under the old layout first ({e}); free \
+                 the backing store or fix its error, then write zarr.json again");
+            FsError::Busy(format!(
+                "{}: pending chunks of the old layout could not be written: {e}",
+                dir.display()
+            ))
+        })
     }
 
     /// Writes every pending shard of the arrays at `dir` (whatever layout each chunk was

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use tracing::{info, warn};
 
@@ -16,11 +16,39 @@ use super::shards::{PendingShard, WriteMode};
 use super::stats::{Stats, StatsReport};
 use crate::zarr::METADATA_FILE;
 
+fn internal_error() -> FsError {
+    FsError::Io(std::io::Error::other("internal error"))
+}
+
+/// How soon a shard whose write failed is tried again to relieve memory.
+const RETRY_UNDER_PRESSURE: Duration = Duration::from_millis(500);
+
 impl ShardFs {
+    /// Runs `f`, containing a panic: it is logged and counted, and `None` returned, so that
+    /// a background loop goes on (a dead flusher would end idle writes, retries and memory
+    /// relief for the rest of the mount's life).
+    pub fn contain<T>(&self, what: &str, f: impl FnOnce() -> T) -> Option<T> {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+            Ok(v) => Some(v),
+            Err(panic) => {
+                Stats::add(&self.shards.stats.panics, 1);
+                tracing::error!(
+                    "internal error in {what}, contained: {}",
+                    super::shards::panic_text(&panic)
+                );
+                None
+            }
+        }
+    }
+
     /// One pass of the background flusher: shards idle for `idle_flush` are written as they
     /// are (failed ones are retried at that pace), idle temporary files go to BACKING, and
     /// memory is relieved.
     pub fn tick(&self) {
+        #[cfg(test)]
+        if tests::PANIC_IN_TICK.get() {
+            panic!("injected panic in the flusher");
+        }
         let idle = self.config.idle_flush;
         let now = Instant::now();
         for p in self.shards.pending() {
@@ -46,29 +74,73 @@ impl ShardFs {
                 warn!(file = %rel.display(), "temporary file kept in memory: {e}");
             }
         }
-        self.relieve_memory();
+        let _ = self.relieve_memory();
     }
 
     fn write_pending(&self, p: &PendingShard, mode: WriteMode) -> Result<(), FsError> {
         self.shards.write_pending(&self.backing, p, mode)
     }
 
-    /// Above the pending-memory limit, writes the biggest pending shards (their closed
-    /// chunks) until below it. Called by writers, who so wait for the room they need.
-    pub(crate) fn relieve_memory(&self) {
-        if self.shards.pending_bytes() <= self.config.max_pending {
-            return;
+    /// Makes room before a write when pending memory is over the limit: the biggest
+    /// shards go first, closed chunks before open ones (an open chunk written early is read
+    /// back when its writer goes on). The writer waits meanwhile. When nothing can be
+    /// written because the backing store fails, the writer gets that error (ENOSPC, EIO)
+    /// instead of memory growing without bound. Memory held only by temporary files is
+    /// left to them (they leave it when renamed onto chunks or written out when idle).
+    pub(crate) fn relieve_memory(&self) -> Result<(), FsError> {
+        let limit = self.config.max_pending;
+        let mut last_error = None;
+        while self.shards.pending_bytes() > limit {
+            let before = self.shards.pending_bytes();
+            for mode in [WriteMode::Settled, WriteMode::Everything] {
+                if let Err(e) = self.write_biggest(mode) {
+                    last_error = Some(e);
+                }
+                if self.shards.pending_bytes() <= limit / 4 * 3 {
+                    return Ok(());
+                }
+            }
+            if self.shards.pending_bytes() >= before {
+                break;
+            }
         }
+        match last_error {
+            Some(e) if self.shards.pending_bytes() > limit => {
+                warn!(
+                    "over --max-pending-memory and the backing store fails; the write is refused: {e}"
+                );
+                Err(e)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Writes the biggest pending shards (per `mode`) until below three quarters of the
+    /// limit. Shards that failed a moment ago are left for a while. Returns the last error.
+    fn write_biggest(&self, mode: WriteMode) -> Result<(), FsError> {
         let mut pending = self.shards.pending();
         pending.sort_by_key(|p| std::cmp::Reverse(p.bytes));
+        let mut result = Ok(());
         for p in pending {
             if self.shards.pending_bytes() <= self.config.max_pending / 4 * 3 {
                 break;
             }
-            if p.failure.is_none() {
-                let _ = self.write_pending(&p, WriteMode::Settled);
+            let recent_failure = p
+                .failure
+                .as_ref()
+                .is_some_and(|f| f.at.elapsed() < RETRY_UNDER_PRESSURE);
+            if recent_failure {
+                result = Err(FsError::Failed(
+                    p.failure.map(|f| f.message).unwrap_or_default(),
+                    libc::EIO,
+                ));
+                continue;
+            }
+            if let Err(e) = self.write_pending(&p, mode) {
+                result = Err(e);
             }
         }
+        result
     }
 
     /// Writes a temporary file that was never renamed to BACKING, as it is, at its path.
@@ -104,17 +176,8 @@ impl ShardFs {
     pub fn flush_all(&self) -> Vec<String> {
         let mut failed = Vec::new();
         for (rel, file) in self.temps.all_files() {
-            let result = if rel.file_name() == Some(METADATA_FILE.as_ref()) {
-                let data = file.snapshot().data;
-                let dir = rel.parent().unwrap_or(Path::new("")).to_path_buf();
-                self.commit_metadata(&dir, &data.read(0, data.len()))
-                    .map(|()| {
-                        self.temps.remove_file(&rel);
-                        self.shards.charge(-(file.len() as i64));
-                    })
-            } else {
-                self.persist_temp(&rel, &file)
-            };
+            let result = self.contain("writing a file at unmount", || self.flush_temp(&rel, &file));
+            let result = result.unwrap_or_else(|| Err(internal_error()));
             if let Err(e) = result {
                 failed.push(format!("{}: {e}", self.backing.path(&rel).display()));
             }
@@ -127,6 +190,21 @@ impl ShardFs {
         }
         *super::array::lock(&self.shards.stats.not_written) = failed.clone();
         failed
+    }
+
+    /// Writes one file held in memory: a `zarr.json` is committed, anything else goes to
+    /// BACKING as it is.
+    fn flush_temp(&self, rel: &Path, file: &Arc<MemFile>) -> Result<(), FsError> {
+        if rel.file_name() != Some(METADATA_FILE.as_ref()) {
+            return self.persist_temp(rel, file);
+        }
+        let _gate = self.gate.exclusive();
+        let data = file.snapshot().data;
+        let dir = rel.parent().unwrap_or(Path::new("")).to_path_buf();
+        self.commit_metadata(&dir, &data.read(0, data.len()))?;
+        self.temps.remove_file(rel);
+        self.shards.charge(-(file.len() as i64));
+        Ok(())
     }
 
     pub fn stats(&self) -> StatsReport {
@@ -151,5 +229,82 @@ impl ShardFs {
         }
         report.failed.truncate(100);
         report
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::cell::Cell;
+    use std::ffi::OsStr;
+
+    use super::*;
+    use crate::backing::Backing;
+    use crate::core::{DaemonInfo, ROOT};
+
+    thread_local! {
+        /// Makes `tick` on this thread panic (tests of panic containment).
+        pub(crate) static PANIC_IN_TICK: Cell<bool> = const { Cell::new(false) };
+        /// Makes shard writes on this thread panic once the shard is locked.
+        pub(crate) static PANIC_IN_SHARD_WRITE: Cell<bool> = const { Cell::new(false) };
+    }
+
+    const ARRAY: &str = r#"{"zarr_format":3,"node_type":"array","shape":[4],"data_type":"uint8",
+        "chunk_grid":{"name":"regular","configuration":{"chunk_shape":[2]}},
+        "chunk_key_encoding":{"name":"default","configuration":{"separator":"/"}},
+        "fill_value":0,"codecs":[{"name":"bytes"}]}"#;
+
+    /// A core over a fresh BACKING holding array `a` (two chunks per shard) with chunk 0
+    /// pending and closed.
+    fn core_with_pending_chunk() -> (tempfile::TempDir, ShardFs) {
+        let dir = tempfile::tempdir().unwrap();
+        let config = crate::core::WriteConfig {
+            policy: crate::zarr::ShardPolicy::Explicit("2".parse().unwrap()),
+            ..Default::default()
+        };
+        let backing = Backing::new(dir.path().to_path_buf()).unwrap();
+        let fs = ShardFs::with_config(backing, DaemonInfo::default(), config);
+        let a = fs.mkdir(ROOT, OsStr::new("a"), 0o755).unwrap().ino;
+        let (_, meta) = fs
+            .create(a, OsStr::new("zarr.json"), 0o644, libc::O_WRONLY)
+            .unwrap();
+        fs.write(meta.fh, 0, ARRAY.as_bytes()).unwrap();
+        fs.release(meta.fh).unwrap();
+        let c = fs.mkdir(a, OsStr::new("c"), 0o755).unwrap().ino;
+        let (_, chunk) = fs
+            .create(c, OsStr::new("0"), 0o644, libc::O_WRONLY)
+            .unwrap();
+        fs.write(chunk.fh, 0, b"xy").unwrap();
+        fs.release(chunk.fh).unwrap();
+        (dir, fs)
+    }
+
+    #[test]
+    fn a_panic_in_a_shard_write_leaves_its_chunks_pending() {
+        let (dir, fs) = core_with_pending_chunk();
+        assert_eq!(fs.stats().pending_chunks, 1);
+        PANIC_IN_SHARD_WRITE.set(true);
+        let failed = fs.flush_all();
+        PANIC_IN_SHARD_WRITE.set(false);
+        assert_eq!(failed.len(), 1, "{failed:?}");
+        let s = fs.stats();
+        assert_eq!((s.panics, s.pending_chunks, s.shards_written), (1, 1, 0));
+        assert!(!dir.path().join("a/c/0").exists());
+        // The next write takes the chunk as it was: nothing was lost or left half done.
+        assert!(fs.flush_all().is_empty());
+        assert_eq!(fs.stats().pending_chunks, 0);
+        assert!(dir.path().join("a/c/0").exists());
+        assert!(!dir.path().join("a/c/0.__lock").exists());
+    }
+
+    #[test]
+    fn a_panicking_flusher_pass_is_contained_and_counted() {
+        let (_dir, fs) = core_with_pending_chunk();
+        PANIC_IN_TICK.set(true);
+        assert!(fs.contain("the background flusher", || fs.tick()).is_none());
+        PANIC_IN_TICK.set(false);
+        assert_eq!(fs.stats().panics, 1);
+        // The next pass works, and so does everything else.
+        assert!(fs.contain("the background flusher", || fs.tick()).is_some());
+        assert!(fs.flush_all().is_empty());
     }
 }

@@ -477,8 +477,9 @@ impl ShardFs {
 
     /// Opens a file. `flags` are the open(2) flags (O_TRUNC included).
     pub fn open(&self, ino: Ino, flags: i32) -> Result<Opened, FsError> {
-        let info = self.node(ino)?;
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let _gate = writable.then(|| self.gate.shared());
+        let info = self.node(ino)?;
         let truncate = writable && flags & libc::O_TRUNC != 0;
         let mut handle = FileHandle::new(ino, writable);
         let mut keep_cache = true;

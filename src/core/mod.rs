@@ -88,6 +88,41 @@ pub struct ShardFs {
     /// exclusively while a directory becomes an array: chunk files written before the
     /// metadata are all moved into shards, none slips in between.
     pub(crate) plain_names: std::sync::RwLock<()>,
+    pub(crate) gate: Gate,
+}
+
+/// Orders the changes of pending chunks against the few operations during which none may
+/// arrive: removing or moving an array's metadata or directory, and changing its layout.
+/// Those write what is pending and then change the array, holding the gate exclusively so
+/// that no chunk slips in between (it would be dropped, or put where the new layout does
+/// not expect it). Everything that adds or changes pending chunks holds it shared, taken
+/// once, at the entry point of the request: never nested.
+#[derive(Debug, Default)]
+pub(crate) struct Gate(std::sync::RwLock<()>);
+
+/// A held gate.
+pub(crate) enum GateGuard<'a> {
+    Shared(#[allow(dead_code)] std::sync::RwLockReadGuard<'a, ()>),
+    Exclusive(#[allow(dead_code)] std::sync::RwLockWriteGuard<'a, ()>),
+}
+
+impl Gate {
+    pub(crate) fn shared(&self) -> GateGuard<'_> {
+        GateGuard::Shared(self.0.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    pub(crate) fn exclusive(&self) -> GateGuard<'_> {
+        GateGuard::Exclusive(self.0.write().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Exclusive when a request touches metadata or whole directories, else shared.
+    pub(crate) fn for_request(&self, structural: bool) -> GateGuard<'_> {
+        if structural {
+            self.exclusive()
+        } else {
+            self.shared()
+        }
+    }
 }
 
 impl ShardFs {
@@ -106,6 +141,7 @@ impl ShardFs {
             config,
             daemon,
             plain_names: std::sync::RwLock::new(()),
+            gate: Gate::default(),
         }
     }
 

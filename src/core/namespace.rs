@@ -111,6 +111,13 @@ impl ShardFs {
         Ok((info, place, guard))
     }
 
+    /// Whether `name` in `parent` is a directory (moving one moves the arrays in it).
+    fn is_dir_name(&self, parent: Ino, name: &OsStr) -> bool {
+        self.node(parent)
+            .and_then(|p| self.resolve(&p, name))
+            .is_ok_and(|k| matches!(k, NodeKind::Dir | NodeKind::ArrayDir(_)))
+    }
+
     fn exists(&self, parent: &NodeInfo, name: &OsStr) -> Result<bool, FsError> {
         match self.resolve(parent, name) {
             Ok(_) => Ok(true),
@@ -136,12 +143,14 @@ impl ShardFs {
         mode: u32,
         flags: i32,
     ) -> Result<(Attr, Opened), FsError> {
+        let _gate = self.gate.shared();
         let (p, place, _shared) = self.place_held(parent, name)?;
         if self.exists(&p, name)? {
             if flags & libc::O_EXCL != 0 {
                 return Err(FsError::Exists);
             }
             drop(_shared);
+            drop(_gate);
             let attr = self.lookup(parent, name)?;
             let opened = self.open(attr.ino, flags)?;
             return Ok((attr, opened));
@@ -342,6 +351,7 @@ impl ShardFs {
     }
 
     pub fn unlink(&self, parent: Ino, name: &OsStr) -> Result<(), FsError> {
+        let _gate = self.gate.for_request(name == METADATA_FILE);
         let p = self.node(parent)?;
         let rel = join_rel(&p.rel, name);
         let kind = self.resolve(&p, name)?;
@@ -431,6 +441,9 @@ impl ShardFs {
         newname: &OsStr,
         flags: RenameFlags,
     ) -> Result<(), FsError> {
+        let _gate = self.gate.for_request(
+            name == METADATA_FILE || newname == METADATA_FILE || self.is_dir_name(parent, name),
+        );
         let (dp, place, _shared) = self.place_held(newparent, newname)?;
         let sp = self.node(parent)?;
         let src_rel = join_rel(&sp.rel, name);
@@ -583,6 +596,7 @@ impl ShardFs {
     }
 
     pub fn link(&self, ino: Ino, newparent: Ino, newname: &OsStr) -> Result<Attr, FsError> {
+        let _gate = self.gate.for_request(newname == METADATA_FILE);
         let (dp, place, _shared) = self.place_held(newparent, newname)?;
         let src = self.node(ino)?;
         if self.exists(&dp, newname)? {

@@ -78,6 +78,19 @@ impl ShardFs {
     /// the request into a `Bytes` segment, and kept as that segment until its shard is
     /// written.
     pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32, FsError> {
+        // Room first: a writer over the memory limit waits here, or gets the error that
+        // keeps the backing store from taking what is pending.
+        self.relieve_memory()?;
+        let written = {
+            let _gate = self.gate.shared();
+            self.write_gated(fh, offset, data)?
+        };
+        // And after: what this write added is relieved now, not at the next one.
+        let _ = self.relieve_memory();
+        Ok(written)
+    }
+
+    fn write_gated(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32, FsError> {
         let handle = self.handles.file(fh)?;
         let Handle::File(h) = handle.as_ref() else {
             return Err(FsError::IsDir);
@@ -104,7 +117,6 @@ impl ShardFs {
         check_size(&info.rel, offset.checked_add(data.len() as u64))?;
         let segment = Bytes::copy_from_slice(data);
         self.change_file(Some(h), &info.kind, |d| d.write(offset, segment.clone()))?;
-        self.relieve_memory();
         Ok(data.len() as u32)
     }
 
@@ -160,6 +172,7 @@ impl ShardFs {
             NodeKind::Temp(f)
                 if !info.detached && info.rel.file_name() == Some(METADATA_FILE.as_ref()) =>
             {
+                let _gate = self.gate.exclusive();
                 let content = f.snapshot().data;
                 let bytes: Vec<u8> = content.read(0, content.len());
                 let dir = info.rel.parent().unwrap_or(Path::new("")).to_path_buf();
@@ -290,6 +303,7 @@ impl ShardFs {
     }
 
     pub fn setattr(&self, ino: Ino, set: &SetAttr) -> Result<Attr, FsError> {
+        let _gate = self.gate.shared();
         let info = self.node(ino)?;
         match &info.kind {
             NodeKind::File

@@ -30,7 +30,7 @@ use crate::shard::IndexError;
 use crate::zarr::KeyNode;
 pub use stored::StoredChunk;
 use stored::{OpenShard, StoredIndex, open_shard};
-pub use write::WriteMode;
+pub use write::{WriteMode, panic_text};
 
 type SlotKey = (PathBuf, Vec<u64>);
 

@@ -155,6 +155,10 @@ impl ShardJob<'_> {
     /// chunks that stay and the chosen ones, and puts it in place (or removes the file).
     fn run(&self, reg: &ShardRegistry) -> Result<Written, FsError> {
         let key = self.backing.lock_key(self.rel)?;
+        #[cfg(test)]
+        if super::super::flush::tests::PANIC_IN_SHARD_WRITE.get() {
+            panic!("injected panic half-way through a shard write");
+        }
         let current = match self.mode {
             WriteMode::Replace => None,
             _ => open_shard(self.backing, self.rel, self.format, self.cached)?,
