@@ -300,3 +300,402 @@ fn a_directory_swapped_for_a_link_does_not_lead_outside() {
     let _ = m.unmount(&[]);
     assert_eq!(fs::read_dir(&outside).unwrap().count(), 0);
 }
+
+/// An unsharded 2-D uint8 array document: `n`x`n` chunks of `c`x`c`.
+fn array_json(n: u64, c: u64) -> String {
+    format!(
+        r#"{{"zarr_format":3,"node_type":"array","shape":[{s},{s}],"data_type":"uint8",
+        "chunk_grid":{{"name":"regular","configuration":{{"chunk_shape":[{c},{c}]}}}},
+        "chunk_key_encoding":{{"name":"default","configuration":{{"separator":"/"}}}},
+        "fill_value":0,"codecs":[{{"name":"bytes"}}],"attributes":{{}}}}"#,
+        s = n * c
+    )
+}
+
+fn write_chunk(arr: &std::path::Path, i: u64, j: u64, bytes: &[u8]) -> std::io::Result<()> {
+    fs::create_dir_all(arr.join(format!("c/{i}")))?;
+    let mut f = fs::File::create(arr.join(format!("c/{i}/{j}")))?;
+    f.write_all(bytes)
+}
+
+#[test]
+fn races_inside_the_daemon_never_reach_writers() {
+    // One writer rewrites a stored chunk in place (open without O_TRUNC, write, close)
+    // while another writes and fsyncs the other chunks of the same shard, so that the
+    // shard file is renamed over and over; a reader reads all the while.
+    let (_d, backing, _) = dirs();
+    let m = Mounted::new(
+        &backing,
+        &["--chunks-per-shard", "2", "--idle-flush", "600"],
+        LIMIT,
+    );
+    let a = m.path("a");
+    fs::create_dir(&a).unwrap();
+    fs::write(a.join("zarr.json"), array_json(2, 4)).unwrap();
+    for (i, j) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
+        write_chunk(&a, i, j, &[1; 16]).unwrap();
+    }
+    fs::File::open(a.join("c/0/0")).unwrap().sync_all().unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let in_place = {
+        let (a, stop) = (a.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u8;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                n = n.wrapping_add(1);
+                let f = fs::OpenOptions::new().write(true).open(a.join("c/0/0"))?;
+                std::os::unix::fs::FileExt::write_all_at(&f, &[n; 4], 4)?;
+            }
+            Ok::<u8, std::io::Error>(n)
+        })
+    };
+    let reader = {
+        let (a, stop) = (a.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                assert_eq!(fs::read(a.join("c/1/1"))?.len(), 16);
+            }
+            Ok::<(), std::io::Error>(())
+        })
+    };
+    for round in 0..60u8 {
+        for (i, j) in [(0, 1), (1, 0)] {
+            write_chunk(&a, i, j, &[round; 16]).unwrap();
+            fs::File::open(a.join(format!("c/{i}/{j}")))
+                .unwrap()
+                .sync_all()
+                .unwrap();
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let last = in_place
+        .join()
+        .unwrap()
+        .expect("the in-place writer saw an error");
+    reader.join().unwrap().expect("the reader saw an error");
+    let s = stats(&m);
+    assert!(s["partial_writes"].as_u64().unwrap() >= 100, "{s}");
+    let c00 = fs::read(a.join("c/0/0")).unwrap();
+    assert_eq!(&c00[4..8], &[last; 4]);
+    assert_ok(&m.unmount(&[]), "unmount");
+}
+
+#[test]
+fn a_layout_change_writes_pending_chunks_under_their_layout_or_fails_with_ebusy() {
+    let (_d, backing, _) = dirs();
+    let m = Mounted::new(
+        &backing,
+        &["--chunks-per-shard", "2", "--idle-flush", "600"],
+        LIMIT,
+    );
+    let a = m.path("a");
+    fs::create_dir(&a).unwrap();
+    fs::write(a.join("zarr.json"), array_json(4, 4)).unwrap();
+    write_chunk(&a, 0, 0, &[5; 16]).unwrap();
+    write_chunk(&a, 3, 3, &[6; 16]).unwrap();
+    // The shard of chunk (3, 3) cannot be written: a directory is in its way.
+    fs::create_dir_all(backing.join("a/c/1/1/x")).unwrap();
+    let before = fs::read(backing.join("a/zarr.json")).unwrap();
+    let mut f = fs::File::create(a.join("zarr.json")).unwrap();
+    f.write_all(array_json(2, 8).as_bytes()).unwrap();
+    let refused = f.sync_all();
+    drop(f);
+    assert_eq!(errno_of(refused), Some(libc::EBUSY));
+    assert_eq!(
+        fs::read(backing.join("a/zarr.json")).unwrap(),
+        before,
+        "zarr.json changed"
+    );
+    assert!(
+        m.log_text().contains("EBUSY"),
+        "no log line names the refusal"
+    );
+    std::thread::sleep(Duration::from_millis(1100));
+    assert_eq!(
+        fs::read(a.join("c/3/3")).unwrap(),
+        [6; 16],
+        "the pending chunk is gone"
+    );
+    // The way cleared, the same change goes through: both chunks first go into shards of
+    // the layout they were written under (2x2 chunks of 4x4 each).
+    fs::remove_dir_all(backing.join("a/c/1/1")).unwrap();
+    let mut f = fs::File::create(a.join("zarr.json")).unwrap();
+    f.write_all(array_json(2, 8).as_bytes()).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    let s = stats(&m);
+    assert_eq!(
+        (s["pending_chunks"].as_u64(), s["panics"].as_u64()),
+        (Some(0), Some(0)),
+        "{s}"
+    );
+    assert_ok(&m.unmount(&[]), "unmount");
+    let old_layout_shard = fs::read(backing.join("a/c/1/1")).unwrap();
+    // 2x2 positions, one present: 16 bytes of chunk, then 4 * 16 index bytes and a crc.
+    assert_eq!(old_layout_shard.len(), 16 + 4 * 16 + 4);
+    assert_eq!(&old_layout_shard[..16], &[6; 16]);
+}
+
+#[test]
+fn memory_pressure_bounds_open_files_and_returns_the_backing_error() {
+    let (_d, backing, _) = dirs();
+    let limit = 256 * 1024;
+    let m = Mounted::new(
+        &backing,
+        &[
+            "--chunks-per-shard",
+            "1",
+            "--idle-flush",
+            "600",
+            "--max-pending-memory",
+            &limit.to_string(),
+        ],
+        LIMIT,
+    );
+    let a = m.path("a");
+    fs::create_dir(&a).unwrap();
+    fs::write(a.join("zarr.json"), array_json(4, 1024)).unwrap();
+    // Four chunk files held open, 1 MiB written to each: memory stays near the limit.
+    let mut files: Vec<fs::File> = (0..4)
+        .map(|j| {
+            fs::create_dir_all(a.join("c/0")).unwrap();
+            fs::File::create(a.join(format!("c/0/{j}"))).unwrap()
+        })
+        .collect();
+    let block = vec![3u8; 64 * 1024];
+    let mut peak = 0;
+    for _ in 0..16 {
+        for f in &mut files {
+            f.write_all(&block).unwrap();
+        }
+        peak = peak.max(stats(&m)["pending_bytes"].as_u64().unwrap());
+    }
+    assert!(
+        peak <= limit + 4 * 64 * 1024,
+        "pending memory reached {peak}"
+    );
+    // Room was made by writing the open files' chunks so far into their shards.
+    let s = stats(&m);
+    assert!(s["partial_writes"].as_u64().unwrap() > 0, "{s}");
+    drop(files);
+    for j in 0..4 {
+        assert_eq!(
+            fs::read(a.join(format!("c/0/{j}"))).unwrap(),
+            vec![3u8; 1 << 20]
+        );
+    }
+    assert_ok(&m.unmount(&[]), "unmount");
+
+    // A backing store that cannot take the shards: the writer gets ENOSPC instead of
+    // memory growing without bound.
+    let tmp = common::mount::Tmpfs::new(&backing.join("../small"), "1m");
+    let m = Mounted::new(
+        &tmp.0,
+        &[
+            "--chunks-per-shard",
+            "1",
+            "--idle-flush",
+            "600",
+            "--max-pending-memory",
+            &limit.to_string(),
+        ],
+        LIMIT,
+    );
+    let a = m.path("a");
+    fs::create_dir(&a).unwrap();
+    fs::write(a.join("zarr.json"), array_json(4, 1024)).unwrap();
+    fs::create_dir_all(a.join("c/0")).unwrap();
+    let mut f = fs::File::create(a.join("c/0/0")).unwrap();
+    let mut refused = None;
+    for _ in 0..64 {
+        if let Err(e) = f.write_all(&block) {
+            refused = e.raw_os_error();
+            break;
+        }
+    }
+    assert_eq!(refused, Some(libc::ENOSPC));
+    // From then on writes are refused, and memory stops growing.
+    let pending = stats(&m)["pending_bytes"].as_u64().unwrap();
+    for _ in 0..8 {
+        assert_eq!(errno_of(f.write_all(&block)), Some(libc::ENOSPC));
+    }
+    let after = stats(&m)["pending_bytes"].as_u64().unwrap();
+    assert!(
+        after <= pending.max(limit),
+        "memory grew from {pending} to {after}"
+    );
+    assert!(m.daemon_alive());
+    drop(f);
+    drop(m);
+}
+
+#[test]
+fn idle_counts_from_the_last_write_or_close() {
+    let (_d, backing, _) = dirs();
+    let m = Mounted::new(
+        &backing,
+        &["--chunks-per-shard", "2", "--idle-flush", "2"],
+        LIMIT,
+    );
+    let a = m.path("a");
+    fs::create_dir(&a).unwrap();
+    fs::write(a.join("zarr.json"), array_json(2, 4)).unwrap();
+    fs::create_dir_all(a.join("c/0")).unwrap();
+    // A slow writer: longer than the idle time from create to close.
+    let mut f = fs::File::create(a.join("c/0/0")).unwrap();
+    for _ in 0..6 {
+        f.write_all(&[1; 4]).unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    drop(f);
+    std::thread::sleep(Duration::from_millis(1000));
+    let s = stats(&m);
+    assert_eq!(s["partial_writes"], 0, "written as soon as it closed: {s}");
+    std::thread::sleep(Duration::from_millis(2500));
+    let s = stats(&m);
+    assert_eq!(s["partial_writes"], 1, "not written once idle: {s}");
+    assert_ok(&m.unmount(&[]), "unmount");
+}
+
+#[test]
+fn chunks_written_while_zarr_json_is_removed_are_never_dropped_silently() {
+    for round in 0..5 {
+        let (_d, backing, _) = dirs();
+        let m = Mounted::new(
+            &backing,
+            &["--chunks-per-shard", "4", "--idle-flush", "600"],
+            LIMIT,
+        );
+        let a = m.path("a");
+        fs::create_dir(&a).unwrap();
+        fs::write(a.join("zarr.json"), array_json(8, 4)).unwrap();
+        let stored = fs::read(backing.join("a/zarr.json")).unwrap();
+        let writer = {
+            let a = a.clone();
+            std::thread::spawn(move || {
+                let mut ok = Vec::new();
+                for k in 0..64u64 {
+                    let (i, j) = (k / 8, k % 8);
+                    if write_chunk(&a, i, j, &[k as u8 + 1; 16]).is_ok() {
+                        ok.push(k);
+                    }
+                }
+                ok
+            })
+        };
+        std::thread::sleep(Duration::from_millis(3 * round));
+        fs::remove_file(a.join("zarr.json")).unwrap();
+        let ok = writer.join().unwrap();
+        assert_ok(&m.unmount(&[]), "unmount");
+        // Every write that succeeded is in BACKING: in a shard (read with the metadata put
+        // back) or, written after the removal, as a plain file at its key.
+        let check = r#"
+import os, sys, json, shutil, zarr, numpy as np
+backing, ok = sys.argv[1], json.loads(sys.argv[2])
+plain = {}
+for k in ok:
+    p = os.path.join(backing, "a", "c", str(k // 8), str(k % 8))
+    if os.path.isfile(p) and os.path.getsize(p) == 16:
+        plain[k] = open(p, "rb").read()
+for k, b in plain.items():
+    assert b == bytes([k + 1]) * 16, k
+    os.remove(os.path.join(backing, "a", "c", str(k // 8), str(k % 8)))
+open(os.path.join(backing, "a", "zarr.json"), "wb").write(bytes.fromhex(sys.argv[3]))
+# Chunks whose write failed may be there empty (created, then refused): not read.
+a = zarr.open_array(os.path.join(backing, "a"), mode="r")
+for k in ok:
+    if k in plain:
+        continue
+    i, j = divmod(k, 8)
+    assert (a[i*4:(i+1)*4, j*4:(j+1)*4] == k + 1).all(), f"chunk {k} lost"
+"#;
+        let ok_json = serde_json::to_string(&ok).unwrap();
+        let hex: String = stored.iter().map(|b| format!("{b:02x}")).collect();
+        let out = run_timeout(
+            Command::new(common::python()).args([
+                "-c",
+                check,
+                backing.to_str().unwrap(),
+                &ok_json,
+                &hex,
+            ]),
+            CLIENT,
+        );
+        assert_ok(&out, &format!("round {round}: every successful write kept"));
+    }
+}
+
+#[test]
+fn the_index_cache_stays_within_its_budget() {
+    // 400 shards of 1 chunk, all read: the cache keeps to its 64 KiB.
+    let (_d, backing, _) = dirs();
+    let budget = 64 * 1024;
+    let args = ["--chunks-per-shard", "1", "--index-cache-bytes", "65536"];
+    let m = Mounted::new(&backing, &args, LIMIT);
+    let a = m.path("a");
+    fs::create_dir(&a).unwrap();
+    fs::write(a.join("zarr.json"), array_json(20, 2)).unwrap();
+    for k in 0..400u64 {
+        write_chunk(&a, k / 20, k % 20, &[k as u8; 4]).unwrap();
+    }
+    assert_ok(&m.unmount(&[]), "unmount");
+    let m = Mounted::new(&backing, &args, LIMIT);
+    let a = m.path("a");
+    for k in 0..400u64 {
+        assert_eq!(
+            fs::read(a.join(format!("c/{}/{}", k / 20, k % 20))).unwrap(),
+            [k as u8; 4]
+        );
+    }
+    let s = stats(&m);
+    let bytes = s["index_cache_bytes"].as_u64().unwrap();
+    assert!(bytes <= budget + 4096, "{s}");
+    assert!(s["index_cache_entries"].as_u64().unwrap() < 400, "{s}");
+    // Reading again after eviction still works.
+    assert_eq!(fs::read(a.join("c/0/0")).unwrap(), [0; 4]);
+    assert_ok(&m.unmount(&[]), "unmount");
+}
+
+#[test]
+fn a_writer_that_shards_itself_works_as_on_a_plain_directory() {
+    let (_d, backing, _) = dirs();
+    let m = Mounted::new(&backing, &["--chunks-per-shard", "2"], LIMIT);
+    // zarr-python writing a sharded array chunk by chunk, then reading it, through the mount.
+    let write = r#"
+import sys, zarr, numpy as np
+a = zarr.create_array(sys.argv[1], shape=(64, 64), chunks=(8, 8), shards=(32, 32),
+                      dtype="uint16", compressors=None, fill_value=0)
+data = np.arange(64 * 64, dtype="uint16").reshape(64, 64)
+for i in range(0, 64, 8):
+    for j in range(0, 64, 8):
+        a[i:i+8, j:j+8] = data[i:i+8, j:j+8]
+b = zarr.open_array(sys.argv[1], mode="r")
+assert (b[...] == data).all()
+"#;
+    python_ok("sharded writer through the mount", write, &[&m.path("s")]);
+    // Shown as written: the shard files are there, zarr.json says sharded.
+    assert!(
+        fs::read_to_string(m.path("s/zarr.json"))
+            .unwrap()
+            .contains("sharding_indexed")
+    );
+    assert!(m.path("s/c/1/1").is_file());
+    assert_ok(&m.unmount(&[]), "unmount");
+    let v = common::shardfs(&["verify", backing.to_str().unwrap()]);
+    assert_eq!(v.status.code(), Some(0), "{}", stdout(&v));
+    // Remounted: shown unsharded, like every sharded array, and reads equal.
+    let m = Mounted::new(&backing, &[], LIMIT);
+    assert!(
+        !fs::read_to_string(m.path("s/zarr.json"))
+            .unwrap()
+            .contains("sharding_indexed")
+    );
+    assert_eq!(fs::metadata(m.path("s/c/7/7")).unwrap().len(), 8 * 8 * 2);
+    let read = r#"
+import sys, zarr, numpy as np
+b = zarr.open_array(sys.argv[1], mode="r")
+assert b.chunks == (8, 8) and (b[...] == np.arange(64 * 64, dtype="uint16").reshape(64, 64)).all()
+"#;
+    python_ok("unsharded view after remount", read, &[&m.path("s")]);
+    assert_ok(&m.unmount(&[]), "unmount");
+}

@@ -96,6 +96,10 @@ struct MountArgs {
     /// K, M, G).
     #[arg(long, default_value = "2G", value_parser = parse_size)]
     max_pending_memory: u64,
+    /// Memory for cached shard indexes (16 bytes per chunk position) and per-shard state
+    /// (suffixes K, M, G). Least recently used entries go first.
+    #[arg(long, default_value = "256M", value_parser = parse_size)]
+    index_cache_bytes: u64,
     /// Internal: the descriptor on which the daemon reports that the mount is live.
     #[arg(long, hide = true)]
     ready_fd: Option<i32>,
@@ -183,6 +187,7 @@ fn mount(args: MountArgs) -> ExitCode {
             },
             idle_flush: std::time::Duration::from_secs_f64(args.idle_flush.max(0.0)),
             max_pending: args.max_pending_memory,
+            index_cache: args.index_cache_bytes,
         },
     };
     if !config.backing.is_dir() {

@@ -28,10 +28,26 @@ pub enum DirClass {
 #[derive(Debug, Default)]
 pub struct Classifier {
     cache: Mutex<HashMap<PathBuf, (FileVersion, DirClass)>>,
+    /// Arrays whose sharded metadata was written through this mount by a writer that
+    /// shards itself: shown as written (shard files and all) while this mount lives.
+    as_written: Mutex<std::collections::HashSet<PathBuf>>,
 }
 
 impl Classifier {
+    /// Shows the array at `dir` as written (`true`) or translated (`false`) from now on.
+    pub fn show_as_written(&self, dir: &Path, yes: bool) {
+        let mut set = lock(&self.as_written);
+        if yes {
+            set.insert(dir.to_path_buf());
+        } else {
+            set.remove(dir);
+        }
+    }
+
     pub fn classify(&self, backing: &Backing, dir: &Path) -> Result<DirClass, FsError> {
+        if lock(&self.as_written).contains(dir) {
+            return Ok(DirClass::Plain);
+        }
         let doc = dir.join(METADATA_FILE);
         let meta = match backing.stat(&doc)? {
             Some(m) if m.is_file() => m,

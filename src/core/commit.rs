@@ -36,13 +36,9 @@ impl ShardFs {
             }
             Ok(Node::Array(meta)) => {
                 if meta.codecs.iter().any(|c| c.name == SHARDING_CODEC) {
-                    warn!(file = %shown.display(),
-                        "refused: the metadata is already sharded; write the unsharded form \
-                         through the mount and shardfs stores it sharded");
-                    return Err(FsError::Invalid(
-                        "sharded metadata written through the mount".into(),
-                    ));
+                    return self.commit_as_written(dir, bytes);
                 }
+                self.classifier.show_as_written(dir, false);
                 let sharded = self.sharded_form(dir, &meta);
                 if let Ok(new) = &sharded {
                     self.settle_layout(dir, Some(new))?;
@@ -74,6 +70,7 @@ impl ShardFs {
             }
             Ok(Node::Group(group)) => {
                 self.settle_layout(dir, None)?;
+                self.classifier.show_as_written(dir, false);
                 if group.consolidated_entries().is_none() {
                     bytes.to_vec()
                 } else {
@@ -240,6 +237,23 @@ impl ShardFs {
                 _ => {}
             }
         }
+        Ok(())
+    }
+
+    /// A sharded `zarr.json` from a writer that shards itself: stored as written, and the
+    /// array shown as written while this mount lives (its shard files are plain files to
+    /// the mount, so the writer works as on a plain directory). A later mount shows it
+    /// unsharded, like every sharded array.
+    fn commit_as_written(&self, dir: &Path, bytes: &[u8]) -> Result<(), FsError> {
+        self.settle_layout(dir, None)?;
+        let doc = dir.join(METADATA_FILE);
+        self.backing
+            .write_atomic(&doc, &[Bytes::copy_from_slice(bytes)], true)?;
+        self.classifier.show_as_written(dir, true);
+        info!(array = %self.backing.path(dir).display(),
+            "sharded metadata written through the mount: stored and shown as written \
+             until unmount");
+        self.inodes.bump_generation();
         Ok(())
     }
 

@@ -129,11 +129,8 @@ impl ShardFs {
                 .failure
                 .as_ref()
                 .is_some_and(|f| f.at.elapsed() < RETRY_UNDER_PRESSURE);
-            if recent_failure {
-                result = Err(FsError::Failed(
-                    p.failure.map(|f| f.message).unwrap_or_default(),
-                    libc::EIO,
-                ));
+            if let Some(f) = p.failure.clone().filter(|_| recent_failure) {
+                result = Err(FsError::Failed(f.message, f.errno));
                 continue;
             }
             if let Err(e) = self.write_pending(&p, mode) {
@@ -214,6 +211,7 @@ impl ShardFs {
         report.pending_chunks = pending.iter().map(|p| p.chunks as u64).sum();
         report.pending_bytes = self.shards.pending_bytes();
         report.temp_files = self.temps.count() as u64;
+        (report.index_cache_entries, report.index_cache_bytes) = self.shards.cache_usage();
         report.failed = pending
             .iter()
             .filter_map(|p| {

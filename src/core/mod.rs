@@ -62,6 +62,8 @@ pub struct WriteConfig {
     pub idle_flush: Duration,
     /// Above this many bytes held in memory, partial shards are written.
     pub max_pending: u64,
+    /// The budget of the index cache, in bytes.
+    pub index_cache: u64,
 }
 
 impl Default for WriteConfig {
@@ -70,6 +72,7 @@ impl Default for WriteConfig {
             policy: ShardPolicy::default(),
             idle_flush: Duration::from_secs(5),
             max_pending: 2 << 30,
+            index_cache: shards::DEFAULT_INDEX_CACHE,
         }
     }
 }
@@ -136,7 +139,7 @@ impl ShardFs {
             inodes: InodeTable::new(),
             classifier: Classifier::default(),
             handles: HandleTable::default(),
-            shards: ShardRegistry::default(),
+            shards: ShardRegistry::new(config.index_cache),
             temps: TempNames::default(),
             config,
             daemon,

@@ -41,6 +41,11 @@ pub struct StatsReport {
     pub temp_files_persisted: u64,
     #[serde(default)]
     pub panics: u64,
+    /// Shards the index cache knows now, and the bytes they cost.
+    #[serde(default)]
+    pub index_cache_entries: u64,
+    #[serde(default)]
+    pub index_cache_bytes: u64,
     /// Shards whose last write failed, and whatever else the last flush could not write,
     /// each with its error.
     pub failed: Vec<String>,

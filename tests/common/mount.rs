@@ -261,3 +261,29 @@ pub fn chunk(value: u8) -> Vec<u8> {
 pub fn errno_of(r: std::io::Result<impl Sized>) -> Option<i32> {
     r.err().and_then(|e| e.raw_os_error())
 }
+
+/// A small tmpfs, unmounted on drop: a backing store that fills up.
+pub struct Tmpfs(pub PathBuf);
+
+impl Tmpfs {
+    pub fn new(dir: &Path, size: &str) -> Tmpfs {
+        std::fs::create_dir_all(dir).unwrap();
+        let out = run_timeout(
+            std::process::Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+                .arg(dir),
+            CLIENT,
+        );
+        assert_ok(&out, "mount tmpfs");
+        Tmpfs(dir.to_path_buf())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .output();
+    }
+}
