@@ -346,6 +346,9 @@ pub fn sharded_with(
     if meta.has_storage_transformers() {
         return Err(LayoutError::StorageTransformers);
     }
+    // Shard files are named with the array's key encoding: one shardfs cannot read back
+    // makes a sharded array it could never show (found by fuzzing).
+    ChunkKeyEncoding::from_metadata(&meta.chunk_key_encoding).map_err(LayoutError::KeyEncoding)?;
     let chunk_shape = regular_chunk_shape(meta)?;
     check_rank("chunks per shard", meta.ndim(), chunks_per_shard)?;
     check_chunk_count(chunks_per_shard)?;
