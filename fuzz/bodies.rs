@@ -39,8 +39,10 @@ pub fn shard_index(data: &[u8]) {
         // against a file length (as every read does) lies inside the file, without overlap.
         for file_len in [0, bytes.len() as u64, 1 << 20, u64::MAX] {
             if format.validate(&index, file_len).is_ok() {
+                // Zero-length ranges hold nothing and overlap nothing.
                 let mut ranges: Vec<(u64, u64)> = index
                     .present()
+                    .filter(|(_, r)| r.nbytes > 0)
                     .map(|(_, r)| (r.offset, r.offset.checked_add(r.nbytes).expect("overflow")))
                     .collect();
                 ranges.sort_unstable();

@@ -284,8 +284,9 @@ pub fn run_foreground(config: &MountConfig, ready: Option<OwnedFd>) -> Result<()
     }
     fuse_config.n_threads = Some(config.threads.max(1));
     fuse_config.clone_fd = true;
+    let notifier = Arc::new(std::sync::OnceLock::new());
     let session = match Session::new(
-        FuseAdapter::new(core.clone()),
+        FuseAdapter::new(core.clone(), notifier.clone()),
         &config.mountpoint,
         &fuse_config,
     ) {
@@ -337,6 +338,7 @@ pub fn run_foreground(config: &MountConfig, ready: Option<OwnedFd>) -> Result<()
     );
     report("ok\n");
     drop(ready);
+    let _ = notifier.set(session.notifier());
     let result = session.run();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     flusher.thread().unpark();

@@ -29,11 +29,23 @@ pub const MAX_IO: u32 = 1 << 20;
 
 pub struct FuseAdapter {
     core: Arc<ShardFs>,
+    /// Tells the kernel to drop what it cached of an inode; set once the session exists.
+    notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
 }
 
 impl FuseAdapter {
-    pub fn new(core: Arc<ShardFs>) -> FuseAdapter {
-        FuseAdapter { core }
+    pub fn new(core: Arc<ShardFs>, notifier: Arc<std::sync::OnceLock<fuser::Notifier>>) -> Self {
+        FuseAdapter { core, notifier }
+    }
+
+    /// Makes the kernel forget the attributes and pages it holds for `ino`. Sent before the
+    /// reply, so that the client sees the change the moment its call returns; the kernel
+    /// handles it without the locks a request holds (it touches the inode's attributes and
+    /// page cache, not its directory entries).
+    fn invalidate(&self, ino: u64) {
+        if let Some(n) = self.notifier.get() {
+            let _ = n.inval_inode(INodeNo(ino), 0, 0);
+        }
     }
 }
 
@@ -425,7 +437,13 @@ impl Filesystem for FuseAdapter {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        entry(reply, run(|| self.core.link(ino.0, newparent.0, newname)));
+        let linked = run(|| self.core.link(ino.0, newparent.0, newname));
+        // The file now has two names, which are two inodes to the kernel: what it cached
+        // for the first (a link count of one, its size) must go.
+        if linked.is_ok() {
+            self.invalidate(ino.0);
+        }
+        entry(reply, linked);
     }
 
     fn symlink(
@@ -577,5 +595,6 @@ fn dummy_dir_attr() -> Attr {
         gid: 0,
         rdev: 0,
         volatile: false,
+        source: None,
     }
 }

@@ -22,6 +22,8 @@ pub struct Attr {
     pub rdev: u32,
     /// Content that changes on its own (the control file): the kernel must not cache it.
     pub volatile: bool,
+    /// The BACKING file a regular file is (device, inode): its hard links share an inode.
+    pub source: Option<(u64, u64)>,
 }
 
 fn time(secs: i64, nsecs: i64) -> SystemTime {
@@ -52,7 +54,10 @@ impl Attr {
             uid: m.uid(),
             gid: m.gid(),
             rdev: m.rdev() as u32,
-            volatile: false,
+            // A file with several names is several inodes to the kernel here (inodes are
+            // names): a change through one name must show through the others at once.
+            volatile: m.is_file() && m.nlink() > 1,
+            source: m.is_file().then(|| (m.dev(), m.ino())),
         }
     }
 

@@ -39,6 +39,9 @@ pub struct FileHandle {
     pub writable: bool,
     /// A BACKING file opened for this handle.
     pub backing: Option<File>,
+    /// Set when the inode's data left that file (moved into memory by a rename into an
+    /// array): the descriptor is then no longer the way to it.
+    pub backing_stale: std::sync::atomic::AtomicBool,
     /// The stored chunk last read through this handle (its shard file open): what stays
     /// readable when the chunk is deleted while open.
     pub stored: Mutex<Option<StoredChunk>>,
@@ -55,10 +58,18 @@ impl FileHandle {
             ino,
             writable,
             backing: None,
+            backing_stale: std::sync::atomic::AtomicBool::new(false),
             stored: Mutex::new(None),
             bytes: None,
             dirty: Mutex::new(None),
         }
+    }
+
+    /// The BACKING file this handle writes and reads, while it still holds the data.
+    pub fn backing_file(&self) -> Option<&File> {
+        self.backing
+            .as_ref()
+            .filter(|_| !self.backing_stale.load(Ordering::Relaxed))
     }
 
     /// Records a write into `file`: the first one since the last FLUSH makes this handle
@@ -126,6 +137,32 @@ impl HandleTable {
 
     pub fn remove(&self, fh: u64) -> Option<Arc<Handle>> {
         lock(&self.handles).remove(&fh)
+    }
+
+    /// A BACKING file open on `ino` by some handle (the way to a file that lost its name).
+    pub fn backing_file_of(&self, ino: Ino) -> Option<File> {
+        lock(&self.handles).values().find_map(|h| match h.as_ref() {
+            Handle::File(f) if f.ino == ino => f.backing_file()?.try_clone().ok(),
+            _ => None,
+        })
+    }
+
+    /// Whether a handle is open on `ino` without a BACKING descriptor of its own.
+    pub fn any_without_backing(&self, ino: Ino) -> bool {
+        lock(&self.handles).values().any(
+            |h| matches!(h.as_ref(), Handle::File(f) if f.ino == ino && f.backing_file().is_none()),
+        )
+    }
+
+    /// The data of `ino` left its BACKING file: handles stop using their descriptors.
+    pub fn backing_moved(&self, ino: Ino) {
+        for h in lock(&self.handles).values() {
+            if let Handle::File(f) = h.as_ref()
+                && f.ino == ino
+            {
+                f.backing_stale.store(true, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Whether any file handle is open on `ino`.

@@ -120,18 +120,25 @@ impl NodeKind {
 
 #[derive(Debug)]
 struct Inode {
-    parent: Ino,
-    name: OsString,
+    /// Its names, the first one the one its path is built from. A BACKING file with
+    /// several hard links has several; a file unlinked while open has none (detached).
+    names: Vec<(Ino, OsString)>,
+    /// The last name it had, kept for messages once it has none.
+    last_name: OsString,
     kind: NodeKind,
     lookups: u64,
     /// The table's generation when `kind` was decided.
     generation: u64,
+    /// The BACKING file it is (device, inode), for regular files: its hard links are
+    /// names of this one inode.
+    source: Option<(u64, u64)>,
 }
 
 #[derive(Debug)]
 struct Inner {
     nodes: HashMap<Ino, Inode>,
     by_name: HashMap<(Ino, OsString), Ino>,
+    by_source: HashMap<(u64, u64), Ino>,
     next: Ino,
 }
 
@@ -164,23 +171,42 @@ impl Default for InodeTable {
     }
 }
 
+impl Inner {
+    /// Removes the name `(parent, name)` from `ino`; with its last name gone the inode is
+    /// detached, and is no longer where its BACKING file is found.
+    fn unname(&mut self, ino: Ino, parent: Ino, name: &OsStr) {
+        let Some(node) = self.nodes.get_mut(&ino) else {
+            return;
+        };
+        node.names.retain(|(p, n)| !(*p == parent && n == name));
+        if node.names.is_empty()
+            && let Some(src) = node.source.take()
+            && self.by_source.get(&src) == Some(&ino)
+        {
+            self.by_source.remove(&src);
+        }
+    }
+}
+
 impl InodeTable {
     pub fn new() -> InodeTable {
         let mut nodes = HashMap::new();
         nodes.insert(
             ROOT,
             Inode {
-                parent: ROOT,
-                name: OsString::new(),
+                names: vec![(ROOT, OsString::new())],
+                last_name: OsString::new(),
                 kind: NodeKind::Dir,
                 lookups: 1,
                 generation: 0,
+                source: None,
             },
         );
         InodeTable {
             inner: Mutex::new(Inner {
                 nodes,
                 by_name: HashMap::new(),
+                by_source: HashMap::new(),
                 next: ROOT + 1,
             }),
             generation: AtomicU64::new(0),
@@ -191,20 +217,31 @@ impl InodeTable {
     pub fn get(&self, ino: Ino) -> Option<NodeInfo> {
         let inner = lock(&self.inner);
         let node = inner.nodes.get(&ino)?;
+        let (parent, name) = match node.names.first() {
+            Some((p, n)) => (*p, n.clone()),
+            None => (DETACHED, node.last_name.clone()),
+        };
         Some(NodeInfo {
             ino,
             rel: path_of(&inner, ino).unwrap_or_default(),
             kind: node.kind.clone(),
-            detached: node.parent == DETACHED,
-            parent: node.parent,
-            name: node.name.clone(),
+            detached: parent == DETACHED,
+            parent,
+            name,
             outdated: node.generation != self.generation.load(Ordering::Relaxed),
         })
     }
 
     /// Records one kernel lookup of `name` in `parent`, which is `kind`. The inode of that
-    /// name is reused when it is still the same type of file.
-    pub fn lookup(&self, parent: Ino, name: &OsStr, kind: NodeKind) -> Ino {
+    /// name is reused when it is still the same type of file; a BACKING file already known
+    /// by another name (`source`: a hard link) gets that name's inode.
+    pub fn lookup(
+        &self,
+        parent: Ino,
+        name: &OsStr,
+        kind: NodeKind,
+        source: Option<(u64, u64)>,
+    ) -> Ino {
         let generation = self.generation.load(Ordering::Relaxed);
         let mut inner = lock(&self.inner);
         let key = (parent, name.to_os_string());
@@ -217,20 +254,48 @@ impl InodeTable {
             node.generation = generation;
             return ino;
         }
+        if let Some(src) = source
+            && let Some(&ino) = inner.by_source.get(&src)
+            && let Some(node) = inner.nodes.get_mut(&ino)
+            && matches!(node.kind, NodeKind::File)
+            && matches!(kind, NodeKind::File)
+        {
+            node.lookups += 1;
+            node.names.push(key.clone());
+            inner.by_name.insert(key, ino);
+            return ino;
+        }
         let ino = inner.next;
         inner.next += 1;
         inner.nodes.insert(
             ino,
             Inode {
-                parent,
-                name: name.to_os_string(),
+                names: vec![key.clone()],
+                last_name: name.to_os_string(),
                 kind,
                 lookups: 1,
                 generation,
+                source,
             },
         );
-        inner.by_name.insert(key, ino);
+        if let Some(old) = inner.by_name.insert(key, ino) {
+            inner.unname(old, parent, name);
+        }
+        if let Some(src) = source {
+            inner.by_source.insert(src, ino);
+        }
         ino
+    }
+
+    /// Forgets that `source` is known by `ino` (the mapping proved stale: the BACKING file
+    /// behind it was replaced outside the mount).
+    pub fn drop_source(&self, source: (u64, u64)) {
+        lock(&self.inner).by_source.remove(&source);
+    }
+
+    /// The inode known for BACKING file `source`, if any.
+    pub fn by_source(&self, source: (u64, u64)) -> Option<Ino> {
+        lock(&self.inner).by_source.get(&source).copied()
     }
 
     /// Replaces what `ino` is, keeping its name.
@@ -258,43 +323,52 @@ impl InodeTable {
     }
 
     /// The name `name` in `parent` no longer refers to its inode (the file was unlinked or
-    /// replaced). The inode lives on, nameless, until the kernel forgets it; `kind` is
-    /// what it is from now on. Returns the inode, if there was one.
+    /// replaced). An inode left without names lives on until the kernel forgets it; `kind`
+    /// is what it is from then on. Returns the inode, if there was one.
     pub fn detach(&self, parent: Ino, name: &OsStr, kind: Option<NodeKind>) -> Option<Ino> {
         let mut inner = lock(&self.inner);
         let ino = inner.by_name.remove(&(parent, name.to_os_string()))?;
-        if let Some(node) = inner.nodes.get_mut(&ino) {
-            if let Some(kind) = kind {
-                node.kind = kind;
-            }
-            // A nameless inode: it keeps its old name for messages, but no lookup finds it.
-            node.parent = DETACHED;
+        inner.unname(ino, parent, name);
+        if let Some(node) = inner.nodes.get_mut(&ino)
+            && node.names.is_empty()
+            && let Some(kind) = kind
+        {
+            node.kind = kind;
         }
         Some(ino)
     }
 
-    /// Moves `ino` to `name` in `parent` with what it is now, detaching whatever had that
-    /// name.
-    pub fn rename(&self, ino: Ino, parent: Ino, name: &OsStr, kind: NodeKind) {
+    /// Whether `ino` has no name left (unlinked while open).
+    pub fn nameless(&self, ino: Ino) -> bool {
+        lock(&self.inner)
+            .nodes
+            .get(&ino)
+            .is_some_and(|n| n.names.is_empty())
+    }
+
+    /// Moves the name `from` of `ino` to `to`, with what it is now, detaching whatever had
+    /// that name.
+    pub fn rename(&self, ino: Ino, from: (Ino, &OsStr), to: (Ino, &OsStr), kind: NodeKind) {
         let mut inner = lock(&self.inner);
-        let key = (parent, name.to_os_string());
+        let key = (to.0, to.1.to_os_string());
         if let Some(old) = inner.by_name.remove(&key)
             && old != ino
-            && let Some(node) = inner.nodes.get_mut(&old)
         {
-            node.parent = DETACHED;
+            inner.unname(old, to.0, to.1);
         }
-        let Some(node) = inner.nodes.get_mut(&ino) else {
-            return;
-        };
-        let old_key = (node.parent, node.name.clone());
-        node.parent = parent;
-        node.name = name.to_os_string();
-        node.kind = kind;
-        node.generation = self.generation.load(Ordering::Relaxed);
+        let old_key = (from.0, from.1.to_os_string());
         if inner.by_name.get(&old_key) == Some(&ino) {
             inner.by_name.remove(&old_key);
         }
+        let generation = self.generation.load(Ordering::Relaxed);
+        let Some(node) = inner.nodes.get_mut(&ino) else {
+            return;
+        };
+        node.names.retain(|n| *n != old_key && *n != key);
+        node.names.insert(0, key.clone());
+        node.last_name = to.1.to_os_string();
+        node.kind = kind;
+        node.generation = generation;
         inner.by_name.insert(key, ino);
     }
 
@@ -316,15 +390,23 @@ impl InodeTable {
             return false;
         };
         node.lookups = node.lookups.saturating_sub(n);
-        if node.lookups == 0 {
-            let key = (node.parent, node.name.clone());
-            inner.nodes.remove(&ino);
+        if node.lookups > 0 {
+            return false;
+        }
+        let Some(node) = inner.nodes.remove(&ino) else {
+            return false;
+        };
+        for key in node.names {
             if inner.by_name.get(&key) == Some(&ino) {
                 inner.by_name.remove(&key);
             }
-            return true;
         }
-        false
+        if let Some(src) = node.source
+            && inner.by_source.get(&src) == Some(&ino)
+        {
+            inner.by_source.remove(&src);
+        }
+        true
     }
 
     /// The inode `name` in `parent` has now, without counting a lookup.
@@ -339,12 +421,10 @@ impl InodeTable {
 fn path_of(inner: &Inner, mut ino: Ino) -> Option<PathBuf> {
     let mut names = Vec::new();
     while ino != ROOT {
-        if ino == DETACHED {
-            return None;
-        }
         let node = inner.nodes.get(&ino)?;
-        names.push(node.name.as_os_str());
-        ino = node.parent;
+        let (parent, name) = node.names.first()?;
+        names.push(name.as_os_str());
+        ino = *parent;
     }
     Some(names.iter().rev().collect())
 }
@@ -356,9 +436,9 @@ mod tests {
     #[test]
     fn inode_numbers_are_stable_while_held_and_paths_follow_parents() {
         let t = InodeTable::new();
-        let a = t.lookup(ROOT, OsStr::new("a"), NodeKind::Dir);
-        let b = t.lookup(a, OsStr::new("b"), NodeKind::File);
-        assert_eq!(t.lookup(ROOT, OsStr::new("a"), NodeKind::Dir), a);
+        let a = t.lookup(ROOT, OsStr::new("a"), NodeKind::Dir, None);
+        let b = t.lookup(a, OsStr::new("b"), NodeKind::File, None);
+        assert_eq!(t.lookup(ROOT, OsStr::new("a"), NodeKind::Dir, None), a);
         assert_eq!(t.get(b).unwrap().rel, PathBuf::from("a/b"));
         assert_eq!(t.get(ROOT).unwrap().rel, PathBuf::new());
         // Two lookups of `a`: one forget leaves it.
@@ -367,18 +447,49 @@ mod tests {
         t.forget(a, 1);
         assert!(t.get(a).is_none());
         // A new lookup after the kernel forgot it may get a new number, never an old one.
-        let a2 = t.lookup(ROOT, OsStr::new("a"), NodeKind::Dir);
+        let a2 = t.lookup(ROOT, OsStr::new("a"), NodeKind::Dir, None);
         assert!(a2 > b);
     }
 
     #[test]
     fn a_name_that_changes_type_gets_a_new_inode() {
         let t = InodeTable::new();
-        let x = t.lookup(ROOT, OsStr::new("x"), NodeKind::File);
-        let y = t.lookup(ROOT, OsStr::new("x"), NodeKind::Dir);
+        let x = t.lookup(ROOT, OsStr::new("x"), NodeKind::File, None);
+        let y = t.lookup(ROOT, OsStr::new("x"), NodeKind::Dir, None);
         assert_ne!(x, y);
         // The old one lives until forgotten, and forgetting it leaves the new one reachable.
         t.forget(x, 1);
-        assert_eq!(t.lookup(ROOT, OsStr::new("x"), NodeKind::Dir), y);
+        assert_eq!(t.lookup(ROOT, OsStr::new("x"), NodeKind::Dir, None), y);
+    }
+}
+
+#[cfg(test)]
+mod link_tests {
+    use super::*;
+
+    #[test]
+    fn hard_links_share_an_inode_until_their_last_name_goes() {
+        let t = InodeTable::new();
+        let src = Some((1, 42));
+        let a = t.lookup(ROOT, OsStr::new("a"), NodeKind::File, src);
+        let b = t.lookup(ROOT, OsStr::new("b"), NodeKind::File, src);
+        assert_eq!(a, b);
+        assert_eq!(t.get(a).unwrap().rel, PathBuf::from("a"));
+        // The first name goes: the path follows the other one.
+        t.detach(ROOT, OsStr::new("a"), None);
+        assert_eq!(t.get(a).unwrap().rel, PathBuf::from("b"));
+        assert!(!t.nameless(a));
+        t.rename(
+            a,
+            (ROOT, OsStr::new("b")),
+            (ROOT, OsStr::new("c")),
+            NodeKind::File,
+        );
+        assert_eq!(t.get(a).unwrap().rel, PathBuf::from("c"));
+        t.detach(ROOT, OsStr::new("c"), None);
+        assert!(t.nameless(a) && t.get(a).unwrap().detached);
+        // A new file that reuses the BACKING inode number is a new inode.
+        let d = t.lookup(ROOT, OsStr::new("d"), NodeKind::File, src);
+        assert_ne!(d, a);
     }
 }

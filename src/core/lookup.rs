@@ -1,6 +1,7 @@
 //! Names, attributes, listings, opening and reading.
 
 use std::ffi::OsStr;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -225,7 +226,30 @@ impl ShardFs {
     ) -> Result<bool, FsError> {
         Ok(self.temps.dir(rel)
             || self.temps.any_below(rel)
-            || self.shards.has_chunks_below(&self.backing, array, node)?)
+            || self.shards.has_chunks_below(&self.backing, array, node)?
+            || self.has_extras(array, node, rel)?)
+    }
+
+    /// Whether BACKING's directory at `rel`, or a key directory below it, holds files that
+    /// are not part of the key tree (a temporary file never renamed, written out as it
+    /// was): they are shown there. Only asked when no chunk lies below.
+    fn has_extras(&self, array: &ArrayState, node: &KeyNode, rel: &Path) -> Result<bool, FsError> {
+        for e in self.backing.list(rel)? {
+            let Some(name) = e.name.to_str() else {
+                return Ok(true);
+            };
+            let extra = match array.classify_name(node, name) {
+                ArrayName::Other => true,
+                ArrayName::Key(child @ KeyNode::Dir(_)) if e.kind.is_dir() => {
+                    self.has_extras(array, &child, &rel.join(name))?
+                }
+                _ => false,
+            };
+            if extra {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     /// A name of BACKING shown as it is; with `classify`, directories are checked for Zarr
@@ -340,8 +364,28 @@ impl ShardFs {
         let kind = self.resolve(&parent, name)?;
         let rel = join_rel(&parent.rel, name);
         let attr = self.attr(0, &rel, &kind)?;
-        let ino = self.inodes.lookup(parent.ino, name, kind);
+        let ino = self
+            .inodes
+            .lookup(parent.ino, name, kind, self.link_source(&attr));
         Ok(Attr { ino, ..attr })
+    }
+
+    /// The BACKING file behind `attr`, for sharing an inode between its hard links. A
+    /// mapping whose inode no longer reaches that file (replaced outside the mount, its
+    /// number reused) is dropped first.
+    pub(crate) fn link_source(&self, attr: &Attr) -> Option<(u64, u64)> {
+        let src = attr.source?;
+        if let Some(known) = self.inodes.by_source(src) {
+            let still = self.inodes.get(known).is_some_and(|info| {
+                !info.detached
+                    && matches!(self.backing.stat(&info.rel), Ok(Some(m))
+                        if (m.dev(), m.ino()) == src)
+            });
+            if !still {
+                self.inodes.drop_source(src);
+            }
+        }
+        Some(src)
     }
 
     pub fn forget(&self, ino: Ino, n: u64) {
@@ -350,6 +394,11 @@ impl ShardFs {
 
     pub fn getattr(&self, ino: Ino) -> Result<Attr, FsError> {
         let info = self.node(ino)?;
+        if info.detached && matches!(info.kind, NodeKind::File) {
+            // Unlinked while open: its name is gone, its descriptor is the way to it.
+            let file = self.handles.backing_file_of(ino).ok_or(FsError::Stale)?;
+            return Ok(Attr::from_backing(ino, &file.metadata()?));
+        }
         self.attr(ino, &info.rel, &info.kind)
     }
 
@@ -418,16 +467,37 @@ impl ShardFs {
                 ListEntry::new(&e.name, ft)
             })
             .collect();
-        // Key directories made with mkdir, or holding only files in memory.
-        for name in self.temps.dirs_in(rel).into_iter().chain(
-            self.temps.all_files().into_iter().filter_map(|(p, _)| {
+        // Key directories made with mkdir, holding only files in memory, or holding files
+        // of BACKING that are not part of the key tree.
+        let with_extras: Vec<String> = self
+            .backing
+            .list(rel)?
+            .into_iter()
+            .filter(|e| e.kind.is_dir())
+            .filter_map(|e| e.name.into_string().ok())
+            .filter(|name| {
+                let child = rel.join(name);
+                match array.classify_name(node, name) {
+                    ArrayName::Key(child_node @ KeyNode::Dir(_)) => {
+                        self.has_extras(array, &child_node, &child).unwrap_or(false)
+                    }
+                    _ => false,
+                }
+            })
+            .collect();
+        for name in self
+            .temps
+            .dirs_in(rel)
+            .into_iter()
+            .chain(with_extras)
+            .chain(self.temps.all_files().into_iter().filter_map(|(p, _)| {
                 let sub = p.strip_prefix(rel).ok()?;
                 let mut parts = sub.components();
                 let first = parts.next()?;
                 parts.next()?;
                 first.as_os_str().to_str().map(str::to_string)
-            }),
-        ) {
+            }))
+        {
             if matches!(
                 array.classify_name(node, &name),
                 ArrayName::Key(KeyNode::Dir(_))
@@ -507,7 +577,11 @@ impl ShardFs {
                     append: flags & libc::O_APPEND != 0,
                     create_new: None,
                 };
-                handle.backing = Some(self.backing.open_file(&info.rel, how)?);
+                let file = self.backing.open_file(&info.rel, how)?;
+                // Several names, several inodes to the kernel: no page cache kept between
+                // opens, or a change through another name would not show.
+                keep_cache = file.metadata()?.nlink() <= 1;
+                handle.backing = Some(file);
             }
             NodeKind::ArrayMeta(_) | NodeKind::GroupMeta(_) => {
                 let view = match &info.kind {
@@ -600,10 +674,12 @@ impl ShardFs {
         if let Some(b) = &h.bytes {
             return Ok(slice(b));
         }
-        if let Some(file) = &h.backing {
+        let info = self.node(h.ino)?;
+        if let Some(file) = h.backing_file()
+            && matches!(info.kind, NodeKind::File)
+        {
             return Ok(Bytes::from(read_full_at(file, offset, size)?));
         }
-        let info = self.node(h.ino)?;
         match &info.kind {
             NodeKind::Temp(file) => Ok(Bytes::from(file.snapshot().data.read(offset, size))),
             NodeKind::Chunk { array, coords } => {

@@ -132,7 +132,9 @@ impl ShardFs {
         let info = self.node(parent)?;
         let rel = join_rel(&info.rel, name);
         let attr = self.attr(0, &rel, &kind)?;
-        let ino = self.inodes.lookup(parent, name, kind);
+        let ino = self
+            .inodes
+            .lookup(parent, name, kind, self.link_source(&attr));
         Ok(Attr { ino, ..attr })
     }
 
@@ -342,6 +344,11 @@ impl ShardFs {
                 NodeKind::Chunk { .. } | NodeKind::Temp(_) => {
                     self.content_of(kind, rel).ok().map(NodeKind::Temp)
                 }
+                // A BACKING file opened while it was held in memory has no descriptor of
+                // its own: the content stays in memory for the handles that had it open.
+                NodeKind::File if self.handles.any_without_backing(ino) => {
+                    self.content_of(kind, rel).ok().map(NodeKind::Temp)
+                }
                 _ => None,
             }
         } else {
@@ -381,9 +388,12 @@ impl ShardFs {
                 return Ok(());
             }
             _ => {
+                // Detached first: an open file may need its content read before it goes.
+                self.detach_name(parent, name, &kind, &rel);
                 if !self.backing.remove_file(&rel)? {
                     return Err(FsError::NotFound);
                 }
+                return Ok(());
             }
         }
         self.detach_name(parent, name, &kind, &rel);
@@ -523,13 +533,17 @@ impl ShardFs {
                 // disk), the source is untouched.
                 let kind = self.put_content(&place, content)?;
                 self.remove_content(&src, &src_rel)?;
+                if let (NodeKind::File, Some(ino)) = (&src, src_ino) {
+                    self.handles.backing_moved(ino);
+                }
                 kind
             }
         };
         match src_ino {
-            Some(ino) => self
-                .inodes
-                .rename(ino, newparent, newname, new_kind.clone()),
+            Some(ino) => {
+                self.inodes
+                    .rename(ino, (parent, name), (newparent, newname), new_kind.clone())
+            }
             None => {
                 self.inodes.detach(newparent, newname, None);
             }

@@ -36,6 +36,38 @@ pub struct SetAttr {
     pub by_root: bool,
 }
 
+/// Applies `set` to an open BACKING file.
+fn set_file_attr(file: &std::fs::File, set: &SetAttr) -> Result<(), FsError> {
+    if let Some(size) = set.size {
+        file.set_len(size)?;
+    }
+    if let Some(mode) = set.mode {
+        let mode = if set.by_root {
+            mode & 0o7777
+        } else {
+            super::namespace::new_mode(mode)
+        };
+        rustix::fs::fchmod(file, rustix::fs::Mode::from_raw_mode(mode))
+            .map_err(std::io::Error::from)?;
+    }
+    if set.uid.is_some() || set.gid.is_some() {
+        let uid = set.uid.map(rustix::fs::Uid::from_raw);
+        let gid = set.gid.map(rustix::fs::Gid::from_raw);
+        rustix::fs::fchown(file, uid, gid).map_err(std::io::Error::from)?;
+    }
+    if set.atime.is_some() || set.mtime.is_some() {
+        let mut times = std::fs::FileTimes::new();
+        if let Some(t) = set.atime {
+            times = times.set_accessed(t);
+        }
+        if let Some(t) = set.mtime {
+            times = times.set_modified(t);
+        }
+        file.set_times(times)?;
+    }
+    Ok(())
+}
+
 /// Refuses a file end past `MAX_FILE_BYTES` (or past any number) for a file in memory.
 fn check_size(rel: &Path, end: Option<u64>) -> Result<(), FsError> {
     match end {
@@ -98,11 +130,15 @@ impl ShardFs {
         if !h.writable {
             return Err(FsError::BadHandle);
         }
-        if let Some(file) = &h.backing {
+        let info = self.node(h.ino)?;
+        // The data belongs to the inode: a BACKING file renamed into an array (now held in
+        // memory) is written there, not to the file the handle opened.
+        if let Some(file) = h.backing_file()
+            && matches!(info.kind, NodeKind::File)
+        {
             file.write_all_at(data, offset)?;
             return Ok(data.len() as u32);
         }
-        let info = self.node(h.ino)?;
         if matches!(info.kind, NodeKind::File) {
             // A temporary file that went to BACKING while this handle was open.
             let how = OpenMode {
@@ -258,7 +294,7 @@ impl ShardFs {
             NodeKind::File => {
                 if let Some(Ok(h)) = fh.map(|fh| self.handles.get(fh))
                     && let Handle::File(f) = h.as_ref()
-                    && let Some(file) = &f.backing
+                    && let Some(file) = f.backing_file()
                 {
                     file.sync_all()?;
                     return Ok(());
@@ -306,6 +342,17 @@ impl ShardFs {
         let _gate = self.gate.shared();
         let info = self.node(ino)?;
         match &info.kind {
+            NodeKind::File
+            | NodeKind::Dir
+            | NodeKind::ArrayDir(_)
+            | NodeKind::Symlink
+            | NodeKind::Other
+                if info.detached =>
+            {
+                // Unlinked while open: changed through its descriptor, never by a path.
+                let file = self.handles.backing_file_of(ino).ok_or(FsError::Stale)?;
+                set_file_attr(&file, set)?;
+            }
             NodeKind::File
             | NodeKind::Dir
             | NodeKind::ArrayDir(_)
