@@ -14,6 +14,15 @@ if ! command -v rsync >/dev/null; then
         (apt-get update -q >/dev/null && apt-get install -y -q rsync >/dev/null))
 fi
 
+# pjdfstest (the Rust rewrite, pinned) runs on a plain directory of a mount; it links
+# libacl.
+if ! command -v pjdfstest >/dev/null; then
+    echo "== installing pjdfstest"
+    (apt-get install -y -q libacl1-dev >/dev/null 2>&1 ||
+        (apt-get update -q >/dev/null && apt-get install -y -q libacl1-dev >/dev/null))
+    cargo install --quiet --locked pjdfstest --version 0.2.2
+fi
+
 venv="${SHARDFS_VENV:-$PWD/.venv}"
 stamp="$venv/.shardfs-requirements"
 if ! cmp -s scripts/requirements.txt "$stamp" 2>/dev/null; then

@@ -15,7 +15,7 @@ use fuser::{
 };
 use tracing::debug;
 
-use crate::core::namespace::RenameFlags as CoreRenameFlags;
+use crate::core::namespace::{Caller, RenameFlags as CoreRenameFlags};
 use crate::core::write::SetAttr;
 use crate::core::{Attr, FileType, FsError, Opened, ShardFs};
 use crate::errno::ToErrno;
@@ -74,6 +74,14 @@ fn entry(reply: ReplyEntry, r: Result<Attr, FsError>) {
     match r {
         Ok(attr) => reply.entry(&ttl(&attr), &file_attr(&attr), Generation(0)),
         Err(e) => reply.error(errno(&e)),
+    }
+}
+
+/// The process that made the request, as the core knows callers.
+fn caller(req: &Request) -> Caller {
+    Caller {
+        uid: req.uid(),
+        gid: req.gid(),
     }
 }
 
@@ -299,7 +307,7 @@ impl Filesystem for FuseAdapter {
 
     fn create(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
@@ -307,7 +315,10 @@ impl Filesystem for FuseAdapter {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        match run(|| self.core.create(parent.0, name, mode & !umask, flags)) {
+        match run(|| {
+            self.core
+                .create(parent.0, name, mode & !umask, flags, caller(req))
+        }) {
             Ok((attr, o)) => reply.created(
                 &ttl(&attr),
                 &file_attr(&attr),
@@ -348,7 +359,7 @@ impl Filesystem for FuseAdapter {
 
     fn setattr(
         &self,
-        req: &Request,
+        _req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -372,7 +383,6 @@ impl Filesystem for FuseAdapter {
             atime: atime.map(time),
             mtime: mtime.map(time),
             fh: fh.map(|f| f.0),
-            by_root: req.uid() == 0,
         };
         match run(|| self.core.setattr(ino.0, &set)) {
             Ok(attr) => reply.attr(&ttl(&attr), &file_attr(&attr)),
@@ -382,7 +392,7 @@ impl Filesystem for FuseAdapter {
 
     fn mkdir(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
@@ -391,7 +401,27 @@ impl Filesystem for FuseAdapter {
     ) {
         entry(
             reply,
-            run(|| self.core.mkdir(parent.0, name, mode & !umask)),
+            run(|| self.core.mkdir(parent.0, name, mode & !umask, caller(req))),
+        );
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let mode = mode & !(umask & 0o7777);
+        entry(
+            reply,
+            run(|| {
+                self.core
+                    .mknod(parent.0, name, mode, rdev.into(), caller(req))
+            }),
         );
     }
 
@@ -448,7 +478,7 @@ impl Filesystem for FuseAdapter {
 
     fn symlink(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         link_name: &OsStr,
         target: &Path,
@@ -456,7 +486,7 @@ impl Filesystem for FuseAdapter {
     ) {
         entry(
             reply,
-            run(|| self.core.symlink(parent.0, link_name, target)),
+            run(|| self.core.symlink(parent.0, link_name, target, caller(req))),
         );
     }
 

@@ -265,6 +265,15 @@ impl Backing {
         Ok(())
     }
 
+    /// mknod of a FIFO, socket or device; `mode` holds the file type bits.
+    pub fn mknod(&self, rel: &Path, mode: u32, rdev: u64) -> io::Result<()> {
+        let (dir, name) = self.parent(rel)?;
+        let ty = rustix::fs::FileType::from_raw_mode(mode);
+        let perm = Mode::from_raw_mode(mode & 0o7777);
+        rustix::fs::mknodat(&dir, name.as_os_str(), ty, perm, rdev)?;
+        Ok(())
+    }
+
     /// Truncates or extends a regular file.
     pub fn set_len(&self, rel: &Path, size: u64) -> io::Result<()> {
         let how = OpenMode {

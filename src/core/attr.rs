@@ -22,7 +22,7 @@ pub struct Attr {
     pub rdev: u32,
     /// Content that changes on its own (the control file): the kernel must not cache it.
     pub volatile: bool,
-    /// The BACKING file a regular file is (device, inode): its hard links share an inode.
+    /// The BACKING file a non-directory is (device, inode): its hard links share an inode.
     pub source: Option<(u64, u64)>,
 }
 
@@ -56,8 +56,8 @@ impl Attr {
             rdev: m.rdev() as u32,
             // A file with several names is several inodes to the kernel here (inodes are
             // names): a change through one name must show through the others at once.
-            volatile: m.is_file() && m.nlink() > 1,
-            source: m.is_file().then(|| (m.dev(), m.ino())),
+            volatile: !m.is_dir() && m.nlink() > 1,
+            source: (!m.is_dir()).then(|| (m.dev(), m.ino())),
         }
     }
 

@@ -237,6 +237,7 @@ pub(crate) mod tests {
 
     use super::*;
     use crate::backing::Backing;
+    use crate::core::namespace::Caller;
     use crate::core::{DaemonInfo, ROOT};
 
     thread_local! {
@@ -261,15 +262,27 @@ pub(crate) mod tests {
         };
         let backing = Backing::new(dir.path().to_path_buf()).unwrap();
         let fs = ShardFs::with_config(backing, DaemonInfo::default(), config);
-        let a = fs.mkdir(ROOT, OsStr::new("a"), 0o755).unwrap().ino;
+        let a = fs
+            .mkdir(ROOT, OsStr::new("a"), 0o755, Caller::daemon())
+            .unwrap()
+            .ino;
         let (_, meta) = fs
-            .create(a, OsStr::new("zarr.json"), 0o644, libc::O_WRONLY)
+            .create(
+                a,
+                OsStr::new("zarr.json"),
+                0o644,
+                libc::O_WRONLY,
+                Caller::daemon(),
+            )
             .unwrap();
         fs.write(meta.fh, 0, ARRAY.as_bytes()).unwrap();
         fs.release(meta.fh).unwrap();
-        let c = fs.mkdir(a, OsStr::new("c"), 0o755).unwrap().ino;
+        let c = fs
+            .mkdir(a, OsStr::new("c"), 0o755, Caller::daemon())
+            .unwrap()
+            .ino;
         let (_, chunk) = fs
-            .create(c, OsStr::new("0"), 0o644, libc::O_WRONLY)
+            .create(c, OsStr::new("0"), 0o644, libc::O_WRONLY, Caller::daemon())
             .unwrap();
         fs.write(chunk.fh, 0, b"xy").unwrap();
         fs.release(chunk.fh).unwrap();

@@ -257,8 +257,8 @@ impl InodeTable {
         if let Some(src) = source
             && let Some(&ino) = inner.by_source.get(&src)
             && let Some(node) = inner.nodes.get_mut(&ino)
-            && matches!(node.kind, NodeKind::File)
-            && matches!(kind, NodeKind::File)
+            && node.kind.file_type() == kind.file_type()
+            && matches!(kind, NodeKind::File | NodeKind::Symlink | NodeKind::Other)
         {
             node.lookups += 1;
             node.names.push(key.clone());

@@ -46,6 +46,24 @@ pub(crate) fn new_mode(mode: u32) -> u32 {
     mode & 0o1777
 }
 
+/// Who asked: what the kernel says of the request's process. Files and directories made
+/// in BACKING belong to it, as they would on a local file system.
+#[derive(Clone, Copy, Debug)]
+pub struct Caller {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl Caller {
+    /// The daemon itself: what it makes stays as made.
+    pub fn daemon() -> Caller {
+        Caller {
+            uid: rustix::process::geteuid().as_raw(),
+            gid: rustix::process::getegid().as_raw(),
+        }
+    }
+}
+
 /// `rename(2)` flags the core understands.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RenameFlags {
@@ -144,6 +162,7 @@ impl ShardFs {
         name: &OsStr,
         mode: u32,
         flags: i32,
+        caller: Caller,
     ) -> Result<(Attr, Opened), FsError> {
         let _gate = self.gate.shared();
         let (p, place, _shared) = self.place_held(parent, name)?;
@@ -170,6 +189,7 @@ impl ShardFs {
                         ..OpenMode::default()
                     },
                 )?);
+                self.own(&rel, caller)?;
                 NodeKind::File
             }
             Place::Meta(dir) => self.new_temp(&dir.join(METADATA_FILE), mode),
@@ -209,7 +229,13 @@ impl ShardFs {
         NodeKind::Temp(file)
     }
 
-    pub fn mkdir(&self, parent: Ino, name: &OsStr, mode: u32) -> Result<Attr, FsError> {
+    pub fn mkdir(
+        &self,
+        parent: Ino,
+        name: &OsStr,
+        mode: u32,
+        caller: Caller,
+    ) -> Result<Attr, FsError> {
         let (p, place, _shared) = self.place_held(parent, name)?;
         if self.exists(&p, name)? {
             return Err(FsError::Exists);
@@ -217,11 +243,13 @@ impl ShardFs {
         let kind = match place {
             Place::Plain(rel) => {
                 self.backing.mkdir(&rel, new_mode(mode))?;
+                self.own(&rel, caller)?;
                 NodeKind::Dir
             }
             Place::Meta(dir) if matches!(p.kind, NodeKind::Dir) => {
-                self.backing
-                    .mkdir(&dir.join(METADATA_FILE), new_mode(mode))?;
+                let rel = dir.join(METADATA_FILE);
+                self.backing.mkdir(&rel, new_mode(mode))?;
+                self.own(&rel, caller)?;
                 NodeKind::Dir
             }
             Place::KeyDir(array, node, rel) => {
@@ -233,6 +261,7 @@ impl ShardFs {
                     self.backing.create_dir_all(parent)?;
                 }
                 self.backing.mkdir(&rel, new_mode(mode))?;
+                self.own(&rel, caller)?;
                 NodeKind::Dir
             }
             _ => {
@@ -617,9 +646,15 @@ impl ShardFs {
             return Err(FsError::Exists);
         }
         let kind = match (&src.kind, &place) {
-            (NodeKind::File, Place::Plain(to) | Place::Extra(to)) => {
+            (
+                NodeKind::File | NodeKind::Symlink | NodeKind::Other,
+                Place::Plain(to) | Place::Extra(to),
+            ) => {
                 self.backing.hard_link(&src.rel, to)?;
-                NodeKind::File
+                src.kind.clone()
+            }
+            (NodeKind::Symlink | NodeKind::Other, _) => {
+                return Err(FsError::NotPermitted("special files inside arrays"));
             }
             (NodeKind::Dir | NodeKind::ArrayDir(_) | NodeKind::ChunkDir { .. }, _) => {
                 return Err(FsError::NotPermitted("hard links to directories"));
@@ -640,7 +675,13 @@ impl ShardFs {
         self.enter(newparent, newname, kind)
     }
 
-    pub fn symlink(&self, parent: Ino, name: &OsStr, target: &Path) -> Result<Attr, FsError> {
+    pub fn symlink(
+        &self,
+        parent: Ino,
+        name: &OsStr,
+        target: &Path,
+        caller: Caller,
+    ) -> Result<Attr, FsError> {
         let (p, place, _shared) = self.place_held(parent, name)?;
         if self.exists(&p, name)? {
             return Err(FsError::Exists);
@@ -648,10 +689,58 @@ impl ShardFs {
         match place {
             Place::Plain(rel) | Place::Temp(rel) | Place::Extra(rel) => {
                 self.backing.symlink(target, &rel)?;
+                self.own(&rel, caller)?;
             }
             _ => return Err(FsError::NotPermitted("symbolic links named like chunks")),
         }
         self.enter(parent, name, NodeKind::Symlink)
+    }
+
+    /// mknod: FIFOs, sockets and devices (and regular files) in plain directories. Inside
+    /// arrays only regular files are held, so special files are refused there.
+    pub fn mknod(
+        &self,
+        parent: Ino,
+        name: &OsStr,
+        mode: u32,
+        rdev: u64,
+        caller: Caller,
+    ) -> Result<Attr, FsError> {
+        let ty = mode & libc::S_IFMT;
+        if ty == libc::S_IFREG || ty == 0 {
+            let flags = libc::O_WRONLY | libc::O_EXCL;
+            let (attr, opened) = self.create(parent, name, mode & 0o7777, flags, caller)?;
+            self.release(opened.fh)?;
+            return Ok(attr);
+        }
+        let (p, place, _shared) = self.place_held(parent, name)?;
+        if self.exists(&p, name)? {
+            return Err(FsError::Exists);
+        }
+        match place {
+            Place::Plain(rel) | Place::Extra(rel) => {
+                self.backing.mknod(&rel, ty | new_mode(mode), rdev)?;
+                self.own(&rel, caller)?;
+            }
+            _ => return Err(FsError::NotPermitted("special files inside arrays")),
+        }
+        self.enter(parent, name, NodeKind::Other)
+    }
+
+    /// Gives what was just made at `rel` in BACKING to `caller`: its user, and its group
+    /// unless the directory passes its own down (set-group-ID, which BACKING applied).
+    fn own(&self, rel: &Path, caller: Caller) -> Result<(), FsError> {
+        let daemon = Caller::daemon();
+        if daemon.uid != 0 || (caller.uid == daemon.uid && caller.gid == daemon.gid) {
+            return Ok(());
+        }
+        let inherits = rel
+            .parent()
+            .and_then(|dir| self.backing.stat(dir).ok().flatten())
+            .is_some_and(|m| std::os::unix::fs::MetadataExt::mode(&m) & libc::S_ISGID != 0);
+        let gid = (!inherits).then_some(caller.gid);
+        self.backing.chown(rel, Some(caller.uid), gid)?;
+        Ok(())
     }
 
     /// The writes of the control file: `flush` writes everything pending now.

@@ -31,9 +31,6 @@ pub struct SetAttr {
     pub atime: Option<SystemTime>,
     pub mtime: Option<SystemTime>,
     pub fh: Option<u64>,
-    /// Whether root asked: only root may set the set-user-ID and set-group-ID bits (the
-    /// daemon owns what it makes as root).
-    pub by_root: bool,
 }
 
 /// Applies `set` to an open BACKING file.
@@ -42,11 +39,7 @@ fn set_file_attr(file: &std::fs::File, set: &SetAttr) -> Result<(), FsError> {
         file.set_len(size)?;
     }
     if let Some(mode) = set.mode {
-        let mode = if set.by_root {
-            mode & 0o7777
-        } else {
-            super::namespace::new_mode(mode)
-        };
+        let mode = mode & 0o7777;
         rustix::fs::fchmod(file, rustix::fs::Mode::from_raw_mode(mode))
             .map_err(std::io::Error::from)?;
     }
@@ -415,13 +408,10 @@ impl ShardFs {
         if let Some(size) = set.size {
             self.backing.set_len(rel, size)?;
         }
+        // Who may set which mode bits the kernel decides (default_permissions): only the
+        // owner changes the mode, and the set-group-ID bit goes for one not in the group.
         if let Some(mode) = set.mode {
-            let mode = if set.by_root {
-                mode & 0o7777
-            } else {
-                super::namespace::new_mode(mode)
-            };
-            self.backing.chmod(rel, mode)?;
+            self.backing.chmod(rel, mode & 0o7777)?;
         }
         if set.uid.is_some() || set.gid.is_some() {
             self.backing.chown(rel, set.uid, set.gid)?;
