@@ -346,47 +346,82 @@ fn compare_trees(mount: &Path, reference: &Path, when: &str) -> Result<(), Strin
     ))
 }
 
-/// Sets up BACKING and the reference, runs `ops`, and compares everything: each result,
-/// the trees while mounted and after a remount, and the array read natively.
-fn trial(ops: &[Vec<Op>]) -> Result<(), String> {
+const ARGS: [&str; 4] = ["--chunks-per-shard", "2", "--idle-flush", "0.3"];
+
+/// BACKING under a mount, and the reference beside it, both holding the array `a` (with
+/// its key directories) and the plain directory `p`.
+struct Setup {
+    _dir: tempfile::TempDir,
+    backing: PathBuf,
+    reference: PathBuf,
+    mount: Mounted,
+}
+
+fn setup() -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let (backing, reference) = (dir.path().join("backing"), dir.path().join("reference"));
     for root in [&backing, &reference] {
         fs::create_dir_all(root.join("p")).unwrap();
     }
-    let args = ["--chunks-per-shard", "2", "--idle-flush", "0.3"];
-    let m = Mounted::new(&backing, &args, LIMIT);
-    for root in [&m.mountpoint, &reference] {
+    let mount = Mounted::new(&backing, &ARGS, LIMIT);
+    for root in [&mount.mountpoint, &reference] {
         fs::create_dir(root.join("a")).unwrap();
         fs::write(root.join("a/zarr.json"), ARRAY).unwrap();
         for i in 0..GRID {
             fs::create_dir_all(root.join(format!("a/c/{i}"))).unwrap();
         }
     }
-    if let Err(e) = run_threads(&m.mountpoint, &reference, ops) {
-        let log = m.log_text();
+    Setup {
+        _dir: dir,
+        backing,
+        reference,
+        mount,
+    }
+}
+
+impl Setup {
+    /// The trees agree while mounted and after a remount; with `native`, the array in
+    /// BACKING also reads equal in zarr-python.
+    fn finish(self, native: bool) -> Result<(), String> {
+        compare_trees(&self.mount.mountpoint, &self.reference, "mounted")?;
+        let out = self.mount.unmount(&[]);
+        if !out.status.success() {
+            return Err(format!("unmount: {}", common::stderr(&out)));
+        }
+        drop(self.mount);
+        let m = Mounted::new(&self.backing, &ARGS, LIMIT);
+        compare_trees(&m.mountpoint, &self.reference, "after remount")?;
+        drop(m);
+        if native {
+            check_native(&self.backing, &self.reference);
+        }
+        Ok(())
+    }
+
+    /// A disagreement, with the end of the mount's log.
+    fn failure(&self, e: String) -> String {
+        let log = self.mount.log_text();
         let tail: Vec<&str> = log
             .lines()
             .rev()
             .filter(|l| !l.contains("DEBUG") || (l.contains("failed") && !l.contains("no such")))
             .take(15)
             .collect();
-        return Err(format!(
+        format!(
             "{e}\nmount log (last lines, newest first):\n{}",
             tail.join("\n")
-        ));
+        )
     }
-    compare_trees(&m.mountpoint, &reference, "mounted")?;
-    let out = m.unmount(&[]);
-    if !out.status.success() {
-        return Err(format!("unmount: {}", common::stderr(&out)));
+}
+
+/// Runs `ops` on the mount and the reference, and compares everything: each result, the
+/// trees while mounted and after a remount, and the array read natively.
+fn trial(ops: &[Vec<Op>]) -> Result<(), String> {
+    let s = setup();
+    if let Err(e) = run_threads(&s.mount.mountpoint, &s.reference, ops) {
+        return Err(s.failure(e));
     }
-    drop(m);
-    let m = Mounted::new(&backing, &args, LIMIT);
-    compare_trees(&m.mountpoint, &reference, "after remount")?;
-    drop(m);
-    check_native(&backing, &reference);
-    Ok(())
+    s.finish(true)
 }
 
 /// zarr-python reads every chunk of the array in BACKING as the reference holds it (a
@@ -452,22 +487,9 @@ fn shrink(ops: &[Vec<Op>]) -> Vec<(usize, Op)> {
 
 /// A single-threaded trial of an interleaved sequence.
 fn trial_serial(seq: &[(usize, Op)]) -> Result<(), String> {
-    let dir = tempfile::tempdir().unwrap();
-    let (backing, reference) = (dir.path().join("backing"), dir.path().join("reference"));
-    for root in [&backing, &reference] {
-        fs::create_dir_all(root.join("p")).unwrap();
-    }
-    let args = ["--chunks-per-shard", "2", "--idle-flush", "0.3"];
-    let m = Mounted::new(&backing, &args, LIMIT);
-    for root in [&m.mountpoint, &reference] {
-        fs::create_dir(root.join("a")).unwrap();
-        fs::write(root.join("a/zarr.json"), ARRAY).unwrap();
-        for i in 0..GRID {
-            fs::create_dir_all(root.join(format!("a/c/{i}"))).unwrap();
-        }
-    }
+    let s = setup();
     let mut sides: Vec<(Side, Side)> = (0..THREADS)
-        .map(|_| (Side::new(&m.mountpoint), Side::new(&reference)))
+        .map(|_| (Side::new(&s.mount.mountpoint), Side::new(&s.reference)))
         .collect();
     for (i, (t, op)) in seq.iter().enumerate() {
         let names = names(*t);
@@ -480,14 +502,7 @@ fn trial_serial(seq: &[(usize, Op)]) -> Result<(), String> {
         }
     }
     drop(sides);
-    compare_trees(&m.mountpoint, &reference, "mounted")?;
-    let out = m.unmount(&[]);
-    if !out.status.success() {
-        return Err(format!("unmount: {}", common::stderr(&out)));
-    }
-    drop(m);
-    let m = Mounted::new(&backing, &args, LIMIT);
-    compare_trees(&m.mountpoint, &reference, "after remount")
+    s.finish(false)
 }
 
 fn ops_for(seed: u64) -> Vec<Vec<Op>> {

@@ -312,6 +312,25 @@ fn array_json(n: u64, c: u64) -> String {
     )
 }
 
+/// A mount of a fresh BACKING with `args`, holding array `a` (see `array_json`).
+fn with_array(
+    args: &[&str],
+    n: u64,
+    c: u64,
+) -> (
+    tempfile::TempDir,
+    std::path::PathBuf,
+    Mounted,
+    std::path::PathBuf,
+) {
+    let (d, backing, _) = dirs();
+    let m = Mounted::new(&backing, args, LIMIT);
+    let a = m.path("a");
+    fs::create_dir(&a).unwrap();
+    fs::write(a.join("zarr.json"), array_json(n, c)).unwrap();
+    (d, backing, m, a)
+}
+
 fn write_chunk(arr: &std::path::Path, i: u64, j: u64, bytes: &[u8]) -> std::io::Result<()> {
     fs::create_dir_all(arr.join(format!("c/{i}")))?;
     let mut f = fs::File::create(arr.join(format!("c/{i}/{j}")))?;
@@ -323,15 +342,8 @@ fn races_inside_the_daemon_never_reach_writers() {
     // One writer rewrites a stored chunk in place (open without O_TRUNC, write, close)
     // while another writes and fsyncs the other chunks of the same shard, so that the
     // shard file is renamed over and over; a reader reads all the while.
-    let (_d, backing, _) = dirs();
-    let m = Mounted::new(
-        &backing,
-        &["--chunks-per-shard", "2", "--idle-flush", "600"],
-        LIMIT,
-    );
-    let a = m.path("a");
-    fs::create_dir(&a).unwrap();
-    fs::write(a.join("zarr.json"), array_json(2, 4)).unwrap();
+    let (_d, _backing, m, a) =
+        with_array(&["--chunks-per-shard", "2", "--idle-flush", "600"], 2, 4);
     for (i, j) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
         write_chunk(&a, i, j, &[1; 16]).unwrap();
     }
@@ -382,15 +394,7 @@ fn races_inside_the_daemon_never_reach_writers() {
 
 #[test]
 fn a_layout_change_writes_pending_chunks_under_their_layout_or_fails_with_ebusy() {
-    let (_d, backing, _) = dirs();
-    let m = Mounted::new(
-        &backing,
-        &["--chunks-per-shard", "2", "--idle-flush", "600"],
-        LIMIT,
-    );
-    let a = m.path("a");
-    fs::create_dir(&a).unwrap();
-    fs::write(a.join("zarr.json"), array_json(4, 4)).unwrap();
+    let (_d, backing, m, a) = with_array(&["--chunks-per-shard", "2", "--idle-flush", "600"], 4, 4);
     write_chunk(&a, 0, 0, &[5; 16]).unwrap();
     write_chunk(&a, 3, 3, &[6; 16]).unwrap();
     // The shard of chunk (3, 3) cannot be written: a directory is in its way.
@@ -531,15 +535,7 @@ fn memory_pressure_bounds_open_files_and_returns_the_backing_error() {
 
 #[test]
 fn idle_counts_from_the_last_write_or_close() {
-    let (_d, backing, _) = dirs();
-    let m = Mounted::new(
-        &backing,
-        &["--chunks-per-shard", "2", "--idle-flush", "2"],
-        LIMIT,
-    );
-    let a = m.path("a");
-    fs::create_dir(&a).unwrap();
-    fs::write(a.join("zarr.json"), array_json(2, 4)).unwrap();
+    let (_d, _backing, m, a) = with_array(&["--chunks-per-shard", "2", "--idle-flush", "2"], 2, 4);
     fs::create_dir_all(a.join("c/0")).unwrap();
     // A slow writer: longer than the idle time from create to close.
     let mut f = fs::File::create(a.join("c/0/0")).unwrap();

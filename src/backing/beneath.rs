@@ -15,7 +15,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags, Timespec};
 
-/// What a directory entry is.
+/// What a directory entry (or any file) is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EntryKind {
     Dir,
@@ -31,6 +31,27 @@ pub enum EntryKind {
 impl EntryKind {
     pub fn is_dir(self) -> bool {
         self == EntryKind::Dir
+    }
+
+    pub fn from_std(t: std::fs::FileType) -> EntryKind {
+        use std::os::unix::fs::FileTypeExt;
+        if t.is_dir() {
+            EntryKind::Dir
+        } else if t.is_file() {
+            EntryKind::File
+        } else if t.is_symlink() {
+            EntryKind::Symlink
+        } else if t.is_fifo() {
+            EntryKind::Fifo
+        } else if t.is_socket() {
+            EntryKind::Socket
+        } else if t.is_char_device() {
+            EntryKind::CharDevice
+        } else if t.is_block_device() {
+            EntryKind::BlockDevice
+        } else {
+            EntryKind::Other
+        }
     }
 
     fn of(t: rustix::fs::FileType) -> Option<EntryKind> {

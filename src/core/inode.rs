@@ -18,55 +18,8 @@ pub const ROOT: Ino = 1;
 /// The parent of inodes whose name is gone (unlinked or renamed over while open).
 const DETACHED: Ino = 0;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FileType {
-    Dir,
-    File,
-    Symlink,
-    Fifo,
-    Socket,
-    CharDevice,
-    BlockDevice,
-    /// A special file of a kind not listed here.
-    Other,
-}
-
-impl FileType {
-    pub fn from_entry(k: crate::backing::EntryKind) -> FileType {
-        use crate::backing::EntryKind as K;
-        match k {
-            K::Dir => FileType::Dir,
-            K::File => FileType::File,
-            K::Symlink => FileType::Symlink,
-            K::Fifo => FileType::Fifo,
-            K::Socket => FileType::Socket,
-            K::CharDevice => FileType::CharDevice,
-            K::BlockDevice => FileType::BlockDevice,
-            K::Other => FileType::Other,
-        }
-    }
-
-    pub fn from_std(t: std::fs::FileType) -> FileType {
-        use std::os::unix::fs::FileTypeExt;
-        if t.is_dir() {
-            FileType::Dir
-        } else if t.is_file() {
-            FileType::File
-        } else if t.is_symlink() {
-            FileType::Symlink
-        } else if t.is_fifo() {
-            FileType::Fifo
-        } else if t.is_socket() {
-            FileType::Socket
-        } else if t.is_char_device() {
-            FileType::CharDevice
-        } else if t.is_block_device() {
-            FileType::BlockDevice
-        } else {
-            FileType::Other
-        }
-    }
-}
+/// What a file is: the same kinds BACKING lists.
+pub use crate::backing::EntryKind as FileType;
 
 /// What a name in the mount is.
 #[derive(Clone, Debug)]

@@ -521,7 +521,7 @@ impl ShardFs {
             .filter(|e| e.name.to_str().is_none_or(&keep))
             .map(|e| ListEntry {
                 name: e.name,
-                kind: FileType::from_entry(e.kind),
+                kind: e.kind,
             })
             .collect();
         out.sort_by(|a, b| a.name.cmp(&b.name));
