@@ -38,6 +38,15 @@ impl FuseAdapter {
         FuseAdapter { core, notifier }
     }
 
+    /// Runs a core call, turning a panic into EIO (logged and counted): a panicking request
+    /// must not take a worker thread down with it (fuser does not catch panics), which
+    /// would hang the mount.
+    fn run<T>(&self, f: impl FnOnce() -> Result<T, FsError>) -> Result<T, FsError> {
+        self.core
+            .contain("a request (it fails with EIO)", f)
+            .unwrap_or_else(|| Err(FsError::Io(io::Error::other("internal error"))))
+    }
+
     /// Makes the kernel forget the attributes and pages it holds for `ino`. Sent before the
     /// reply, so that the client sees the change the moment its call returns; the kernel
     /// handles it without the locks a request holds (it touches the inode's attributes and
@@ -47,20 +56,6 @@ impl FuseAdapter {
             let _ = n.inval_inode(INodeNo(ino), 0, 0);
         }
     }
-}
-
-/// Runs a core call, turning a panic into EIO: a panicking request must not take a worker
-/// thread down with it (fuser does not catch panics), which would hang the mount.
-fn run<T>(f: impl FnOnce() -> Result<T, FsError>) -> Result<T, FsError> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|panic| {
-        let what = panic
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_default();
-        tracing::error!("internal error, request failed with EIO: {what}");
-        Err(FsError::Io(io::Error::other("internal error")))
-    })
 }
 
 fn empty(reply: ReplyEmpty, r: Result<(), FsError>) {
@@ -167,7 +162,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        entry(reply, run(|| self.core.lookup(parent.0, name)));
+        entry(reply, self.run(|| self.core.lookup(parent.0, name)));
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
@@ -175,21 +170,21 @@ impl Filesystem for FuseAdapter {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match run(|| self.core.getattr(ino.0)) {
+        match self.run(|| self.core.getattr(ino.0)) {
             Ok(attr) => reply.attr(&ttl(&attr), &file_attr(&attr)),
             Err(e) => reply.error(errno(&e)),
         }
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match run(|| self.core.readlink(ino.0)) {
+        match self.run(|| self.core.readlink(ino.0)) {
             Ok(target) => reply.data(target.as_os_str().as_encoded_bytes()),
             Err(e) => reply.error(errno(&e)),
         }
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match run(|| self.core.opendir(ino.0)) {
+        match self.run(|| self.core.opendir(ino.0)) {
             Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
             Err(e) => reply.error(errno(&e)),
         }
@@ -203,7 +198,7 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let entries = match run(|| self.core.readdir(fh.0)) {
+        let entries = match self.run(|| self.core.readdir(fh.0)) {
             Ok(entries) => entries,
             Err(e) => return reply.error(errno(&e)),
         };
@@ -234,7 +229,7 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let entries = match run(|| self.core.readdir(fh.0)) {
+        let entries = match self.run(|| self.core.readdir(fh.0)) {
             Ok(entries) => entries,
             Err(e) => return reply.error(errno(&e)),
         };
@@ -259,7 +254,7 @@ impl Filesystem for FuseAdapter {
                 continue;
             }
             // A name that vanished since opendir is skipped, as a real directory would.
-            let Ok(attr) = run(|| self.core.lookup(ino.0, &entry.name)) else {
+            let Ok(attr) = self.run(|| self.core.lookup(ino.0, &entry.name)) else {
                 continue;
             };
             if reply.add(
@@ -291,7 +286,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        match run(|| self.core.open(ino.0, flags.0)) {
+        match self.run(|| self.core.open(ino.0, flags.0)) {
             Ok(o) => {
                 let mut fl = opened_flags(&o);
                 // Closing a handle that cannot write needs no FLUSH round trip, which would
@@ -315,7 +310,7 @@ impl Filesystem for FuseAdapter {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        match run(|| {
+        match self.run(|| {
             self.core
                 .create(parent.0, name, mode & !umask, flags, caller(req))
         }) {
@@ -342,7 +337,7 @@ impl Filesystem for FuseAdapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let result = run(|| {
+        let result = self.run(|| {
             if self.core.is_control(fh.0) {
                 self.core
                     .control_command(&String::from_utf8_lossy(data))
@@ -384,7 +379,7 @@ impl Filesystem for FuseAdapter {
             mtime: mtime.map(time),
             fh: fh.map(|f| f.0),
         };
-        match run(|| self.core.setattr(ino.0, &set)) {
+        match self.run(|| self.core.setattr(ino.0, &set)) {
             Ok(attr) => reply.attr(&ttl(&attr), &file_attr(&attr)),
             Err(e) => reply.error(errno(&e)),
         }
@@ -401,7 +396,7 @@ impl Filesystem for FuseAdapter {
     ) {
         entry(
             reply,
-            run(|| self.core.mkdir(parent.0, name, mode & !umask, caller(req))),
+            self.run(|| self.core.mkdir(parent.0, name, mode & !umask, caller(req))),
         );
     }
 
@@ -418,7 +413,7 @@ impl Filesystem for FuseAdapter {
         let mode = mode & !(umask & 0o7777);
         entry(
             reply,
-            run(|| {
+            self.run(|| {
                 self.core
                     .mknod(parent.0, name, mode, rdev.into(), caller(req))
             }),
@@ -426,11 +421,11 @@ impl Filesystem for FuseAdapter {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        empty(reply, run(|| self.core.unlink(parent.0, name)));
+        empty(reply, self.run(|| self.core.unlink(parent.0, name)));
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        empty(reply, run(|| self.core.rmdir(parent.0, name)));
+        empty(reply, self.run(|| self.core.rmdir(parent.0, name)));
     }
 
     fn rename(
@@ -450,7 +445,7 @@ impl Filesystem for FuseAdapter {
             noreplace: flags.contains(RenameFlags::RENAME_NOREPLACE),
             exchange: flags.contains(RenameFlags::RENAME_EXCHANGE),
         };
-        match run(|| {
+        match self.run(|| {
             self.core
                 .rename(parent.0, name, newparent.0, newname, flags)
         }) {
@@ -467,7 +462,7 @@ impl Filesystem for FuseAdapter {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        let linked = run(|| self.core.link(ino.0, newparent.0, newname));
+        let linked = self.run(|| self.core.link(ino.0, newparent.0, newname));
         // The file now has two names, which are two inodes to the kernel: what it cached
         // for the first (a link count of one, its size) must go.
         if linked.is_ok() {
@@ -486,7 +481,7 @@ impl Filesystem for FuseAdapter {
     ) {
         entry(
             reply,
-            run(|| self.core.symlink(parent.0, link_name, target, caller(req))),
+            self.run(|| self.core.symlink(parent.0, link_name, target, caller(req))),
         );
     }
 
@@ -498,7 +493,7 @@ impl Filesystem for FuseAdapter {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        empty(reply, run(|| self.core.fsync(ino.0, Some(fh.0))));
+        empty(reply, self.run(|| self.core.fsync(ino.0, Some(fh.0))));
     }
 
     fn fsyncdir(
@@ -509,7 +504,7 @@ impl Filesystem for FuseAdapter {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        empty(reply, run(|| self.core.fsyncdir(ino.0)));
+        empty(reply, self.run(|| self.core.fsyncdir(ino.0)));
     }
 
     fn fallocate(
@@ -536,7 +531,7 @@ impl Filesystem for FuseAdapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match run(|| self.core.read(fh.0, offset, size)) {
+        match self.run(|| self.core.read(fh.0, offset, size)) {
             Ok(data) => reply.data(&data),
             Err(e) => reply.error(errno(&e)),
         }
@@ -550,7 +545,7 @@ impl Filesystem for FuseAdapter {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        empty(reply, run(|| self.core.flush(fh.0)));
+        empty(reply, self.run(|| self.core.flush(fh.0)));
     }
 
     fn release(
@@ -563,7 +558,7 @@ impl Filesystem for FuseAdapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        empty(reply, run(|| self.core.release(fh.0)));
+        empty(reply, self.run(|| self.core.release(fh.0)));
     }
 
     // Unsupported operations, each with the errno callers expect, and no log noise.
@@ -600,7 +595,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        match run(|| self.core.statfs()) {
+        match self.run(|| self.core.statfs()) {
             Ok(s) => reply.statfs(
                 s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
             ),

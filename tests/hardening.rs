@@ -433,6 +433,11 @@ fn a_layout_change_writes_pending_chunks_under_their_layout_or_fails_with_ebusy(
         (Some(0), Some(0)),
         "{s}"
     );
+    // The array goes on working under its new layout (no slot of the old one in the way).
+    std::thread::sleep(Duration::from_millis(1100));
+    assert!(fs::read_dir(a.join("c")).is_ok());
+    write_chunk(&a, 1, 1, &[7; 64]).unwrap();
+    assert_eq!(fs::read(a.join("c/1/1")).unwrap(), [7; 64]);
     assert_ok(&m.unmount(&[]), "unmount");
     let old_layout_shard = fs::read(backing.join("a/c/1/1")).unwrap();
     // 2x2 positions, one present: 16 bytes of chunk, then 4 * 16 index bytes and a crc.
@@ -623,32 +628,49 @@ for k in ok:
 
 #[test]
 fn the_index_cache_stays_within_its_budget() {
-    // 400 shards of 1 chunk, all read: the cache keeps to its 64 KiB.
-    let (_d, backing, _) = dirs();
+    // 400 shards of 2x2 chunks with one chunk each, written partially (idle) in this very
+    // mount and all read: the cache keeps to its 64 KiB.
     let budget = 64 * 1024;
-    let args = ["--chunks-per-shard", "1", "--index-cache-bytes", "65536"];
-    let m = Mounted::new(&backing, &args, LIMIT);
-    let a = m.path("a");
-    fs::create_dir(&a).unwrap();
-    fs::write(a.join("zarr.json"), array_json(20, 2)).unwrap();
+    let args = [
+        "--chunks-per-shard",
+        "2",
+        "--index-cache-bytes",
+        "65536",
+        "--idle-flush",
+        "0.2",
+    ];
+    let (_d, backing, m, a) = with_array(&args, 40, 2);
+    let key = |k: u64| (2 * (k / 20), 2 * (k % 20));
     for k in 0..400u64 {
-        write_chunk(&a, k / 20, k % 20, &[k as u8; 4]).unwrap();
+        let (i, j) = key(k);
+        write_chunk(&a, i, j, &[k as u8; 4]).unwrap();
     }
-    assert_ok(&m.unmount(&[]), "unmount");
-    let m = Mounted::new(&backing, &args, LIMIT);
-    let a = m.path("a");
+    std::thread::sleep(Duration::from_millis(1500));
     for k in 0..400u64 {
+        let (i, j) = key(k);
         assert_eq!(
-            fs::read(a.join(format!("c/{}/{}", k / 20, k % 20))).unwrap(),
+            fs::read(a.join(format!("c/{i}/{j}"))).unwrap(),
             [k as u8; 4]
         );
     }
     let s = stats(&m);
-    let bytes = s["index_cache_bytes"].as_u64().unwrap();
-    assert!(bytes <= budget + 4096, "{s}");
+    assert_eq!(s["pending_chunks"], 0, "{s}");
+    assert!(s["partial_writes"].as_u64().unwrap() >= 400, "{s}");
+    assert!(
+        s["index_cache_bytes"].as_u64().unwrap() <= budget + 4096,
+        "{s}"
+    );
     assert!(s["index_cache_entries"].as_u64().unwrap() < 400, "{s}");
-    // Reading again after eviction still works.
-    assert_eq!(fs::read(a.join("c/0/0")).unwrap(), [0; 4]);
+    assert_ok(&m.unmount(&[]), "unmount");
+    // Remounted: everything is there, and reading after eviction works.
+    let m = Mounted::new(&backing, &args, LIMIT);
+    for k in [0u64, 199, 399] {
+        let (i, j) = key(k);
+        assert_eq!(
+            fs::read(m.path(&format!("a/c/{i}/{j}"))).unwrap(),
+            [k as u8; 4]
+        );
+    }
     assert_ok(&m.unmount(&[]), "unmount");
 }
 

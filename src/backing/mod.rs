@@ -143,11 +143,11 @@ impl Backing {
             mode = m;
         }
         let file = File::from(self.open_beneath(rel, flags, mode)?);
+        // O_NONBLOCK only guarded the open: on the regular file it must be, it changes
+        // nothing.
         if !file.metadata()?.is_file() {
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
-        // Back to blocking I/O for the regular file it is (O_NONBLOCK only guarded the open).
-        rustix::fs::fcntl_setfl(&file, rustix::fs::fcntl_getfl(&file)? - OFlags::NONBLOCK)?;
         Ok(file)
     }
 
@@ -162,13 +162,23 @@ impl Backing {
     }
 
     pub fn read(&self, rel: &Path) -> io::Result<Option<Vec<u8>>> {
+        self.read_at_most(rel, u64::MAX)
+    }
+
+    /// Reads a whole regular file of at most `limit` bytes; a larger one is EFBIG, before
+    /// anything is allocated for it.
+    pub fn read_at_most(&self, rel: &Path, limit: u64) -> io::Result<Option<Vec<u8>>> {
         let mut file = match self.open(rel) {
             Ok(f) => f,
             Err(e) if is_absent(&e) => return Ok(None),
             Err(e) => return Err(e),
         };
-        let mut out = Vec::new();
-        file.read_to_end(&mut out)?;
+        let len = file.metadata()?.len();
+        if len > limit {
+            return Err(io::Error::from_raw_os_error(libc::EFBIG));
+        }
+        let mut out = Vec::with_capacity(len as usize);
+        file.by_ref().take(limit).read_to_end(&mut out)?;
         Ok(Some(out))
     }
 

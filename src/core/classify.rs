@@ -62,7 +62,12 @@ impl Classifier {
         {
             return Ok(class.clone());
         }
-        let bytes = backing.read(&doc)?.unwrap_or_default();
+        // A document too large to be metadata is shown as it is, like garbage.
+        let bytes = match backing.read_at_most(&doc, super::memfile::MAX_METADATA_BYTES) {
+            Ok(b) => b.unwrap_or_default(),
+            Err(e) if e.raw_os_error() == Some(libc::EFBIG) => Vec::new(),
+            Err(e) => return Err(e.into()),
+        };
         let class = classify_document(dir, &doc, &bytes, version, mtime_of(&meta), backing);
         lock(&self.cache).insert(dir.to_path_buf(), (version, class.clone()));
         Ok(class)

@@ -2,6 +2,7 @@
 //! the layout an existing array already has); a group's consolidated metadata is stored
 //! with its entries sharded the same way; anything else is stored as written.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -12,7 +13,7 @@ use super::ShardFs;
 use super::array::ArrayState;
 use super::error::FsError;
 use super::lookup::ArrayName;
-use super::memfile::{FileData, MemFile};
+use super::memfile::{FileData, MAX_FILE_BYTES, MemFile};
 use super::shards::WriteMode;
 use crate::backing::FileVersion;
 use crate::shard::IndexLocation;
@@ -165,53 +166,62 @@ impl ShardFs {
         if chunk_files.is_empty() {
             return Ok(());
         }
-        // Read in, then moved aside: the shards may need the paths, and if one of them
+        // Moved aside first (the shards may need the paths), then taken in one shard at a
+        // time, so that memory holds one shard's chunks, not the whole array's. If a shard
         // cannot be written, everything goes back as it was.
         let staged = |rel: &Path| {
             let name = rel.file_name().unwrap_or_default().to_string_lossy();
             rel.with_file_name(format!(".{name}.shardfs-import"))
         };
-        let mut contents = Vec::with_capacity(chunk_files.len());
+        let mut by_shard: BTreeMap<Vec<u64>, Vec<(Vec<u64>, PathBuf)>> = BTreeMap::new();
         for (coords, rel) in &chunk_files {
-            let data = self.backing.read(rel)?.unwrap_or_default();
-            contents.push((coords.clone(), Bytes::from(data)));
+            let shard = array.layout.locate(coords).shard;
+            by_shard
+                .entry(shard)
+                .or_default()
+                .push((coords.clone(), staged(rel)));
         }
-        for (_, rel) in &chunk_files {
-            self.backing.rename(rel, &staged(rel))?;
-        }
-        let mut shards = std::collections::BTreeSet::new();
-        for (coords, data) in contents {
-            let file = Arc::new(MemFile::new(FileData::from_bytes(data), 0o644));
-            self.shards.charge(file.len() as i64);
-            self.shards.put(&self.backing, &array, &coords, file)?;
-            shards.insert(array.layout.locate(&coords).shard);
-        }
+        let mut moved = Vec::new();
         let mut written = Vec::new();
-        for shard in &shards {
-            match self
-                .shards
-                .write_shard(&self.backing, &array, shard, WriteMode::Replace)
-            {
-                Ok(()) => written.push(array.shard_rel(shard)),
-                Err(e) => {
-                    for rel in &written {
-                        let _ = self.backing.remove_file(rel);
-                    }
-                    for (_, rel) in &chunk_files {
-                        let _ = self.backing.rename(&staged(rel), rel);
-                    }
-                    self.shards.discard_array(dir);
-                    warn!(array = %self.backing.path(dir).display(),
-                        "chunk files could not be moved into shards, left as they were: {e}");
-                    return Err(e);
-                }
+        let result = (|| {
+            for (_, rel) in &chunk_files {
+                self.backing.rename(rel, &staged(rel))?;
+                moved.push(rel.clone());
             }
+            for (shard, chunks) in &by_shard {
+                for (coords, at) in chunks {
+                    let data = self
+                        .backing
+                        .read_at_most(at, MAX_FILE_BYTES)?
+                        .unwrap_or_default();
+                    let file =
+                        Arc::new(MemFile::new(FileData::from_bytes(Bytes::from(data)), 0o644));
+                    self.shards.charge(file.len() as i64);
+                    self.shards.put(&self.backing, &array, coords, file)?;
+                }
+                self.shards
+                    .write_shard(&self.backing, &array, shard, WriteMode::Replace)?;
+                written.push(array.shard_rel(shard));
+            }
+            Ok::<(), FsError>(())
+        })();
+        if let Err(e) = result {
+            for rel in &written {
+                let _ = self.backing.remove_file(rel);
+            }
+            for rel in &moved {
+                let _ = self.backing.rename(&staged(rel), rel);
+            }
+            self.shards.discard_array(dir);
+            warn!(array = %self.backing.path(dir).display(),
+                "chunk files could not be moved into shards, left as they were: {e}");
+            return Err(e);
         }
         for (_, rel) in &chunk_files {
             self.backing.remove_file(&staged(rel))?;
         }
         info!(array = %self.backing.path(dir).display(), chunks = chunk_files.len(),
-            shards = shards.len(), "chunk files written before the metadata moved into shards");
+            shards = by_shard.len(), "chunk files written before the metadata moved into shards");
         Ok(())
     }
 

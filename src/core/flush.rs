@@ -4,7 +4,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
@@ -63,18 +63,18 @@ impl ShardFs {
         }
         for (rel, file) in self.temps.all_files() {
             let s = file.snapshot();
-            let age = SystemTime::now()
-                .duration_since(s.mtime)
-                .unwrap_or_default();
+            // Idle from its last write or close (its mtime is the client's to set).
+            let quiet = s.touched.is_none_or(|t| now.duration_since(t) >= idle);
             if s.unflushed == 0
-                && age >= idle
+                && quiet
                 && rel.file_name() != Some(METADATA_FILE.as_ref())
-                && let Err(e) = self.persist_temp(&rel, &file)
+                && let Err(e) = self.persist_temp_if_there(&rel, &file)
             {
                 warn!(file = %rel.display(), "temporary file kept in memory: {e}");
             }
         }
         let _ = self.relieve_memory();
+        self.shards.evict_if_over();
     }
 
     fn write_pending(&self, p: &PendingShard, mode: WriteMode) -> Result<(), FsError> {
@@ -140,6 +140,24 @@ impl ShardFs {
         result
     }
 
+    /// Takes the name `rel` from `file` (if it still has it), and its bytes from the
+    /// pending-memory account.
+    pub(crate) fn drop_temp_if(&self, rel: &Path, file: &Arc<MemFile>) {
+        if self.temps.remove_if(rel, file) {
+            self.shards.charge(-(file.len() as i64));
+        }
+    }
+
+    /// `persist_temp`, with no rename or unlink of the file in between: under the gate,
+    /// and only if the name still holds this very file.
+    fn persist_temp_if_there(&self, rel: &Path, file: &Arc<MemFile>) -> Result<(), FsError> {
+        let _gate = self.gate.exclusive();
+        if !self.temps.file(rel).is_some_and(|f| Arc::ptr_eq(&f, file)) {
+            return Ok(());
+        }
+        self.persist_temp(rel, file)
+    }
+
     /// Writes a temporary file that was never renamed to BACKING, as it is, at its path.
     pub(crate) fn persist_temp(&self, rel: &Path, file: &Arc<MemFile>) -> Result<(), FsError> {
         let lock_name = rel
@@ -149,19 +167,13 @@ impl ShardFs {
         if lock_name {
             // A tensorstore lock file whose writer never renamed it (it gave up or died):
             // tensorstore ignores such files, and in BACKING the name is a shard's lock.
-            if self.temps.file(rel).is_some_and(|f| Arc::ptr_eq(&f, file)) {
-                self.temps.remove_file(rel);
-                self.shards.charge(-(file.len() as i64));
-            }
+            self.drop_temp_if(rel, file);
             info!(file = %rel.display(), "abandoned lock file dropped");
             return Ok(());
         }
         let segments = file.snapshot().data.segments();
         self.backing.write_atomic(rel, &segments, false)?;
-        if self.temps.file(rel).is_some_and(|f| Arc::ptr_eq(&f, file)) {
-            self.temps.remove_file(rel);
-            self.shards.charge(-(file.len() as i64));
-        }
+        self.drop_temp_if(rel, file);
         self.inodes.rekind_file(file, NodeKind::File);
         Stats::add(&self.shards.stats.temp_files_persisted, 1);
         info!(file = %rel.display(), "temporary file never renamed: written to BACKING as it is");
@@ -193,14 +205,13 @@ impl ShardFs {
     /// BACKING as it is.
     fn flush_temp(&self, rel: &Path, file: &Arc<MemFile>) -> Result<(), FsError> {
         if rel.file_name() != Some(METADATA_FILE.as_ref()) {
-            return self.persist_temp(rel, file);
+            return self.persist_temp_if_there(rel, file);
         }
         let _gate = self.gate.exclusive();
         let data = file.snapshot().data;
         let dir = rel.parent().unwrap_or(Path::new("")).to_path_buf();
         self.commit_metadata(&dir, &data.read(0, data.len()))?;
-        self.temps.remove_file(rel);
-        self.shards.charge(-(file.len() as i64));
+        self.drop_temp_if(rel, file);
         Ok(())
     }
 

@@ -42,6 +42,10 @@ pub struct FileHandle {
     /// Set when the inode's data left that file (moved into memory by a rename into an
     /// array): the descriptor is then no longer the way to it.
     pub backing_stale: std::sync::atomic::AtomicBool,
+    /// Opened as a chunk: if the name stops being one because its array is gone (not by
+    /// a rename, which clears this), writes must not land on a file at the same path,
+    /// which may be a shard.
+    pub as_chunk: std::sync::atomic::AtomicBool,
     /// The stored chunk last read through this handle (its shard file open): what stays
     /// readable when the chunk is deleted while open.
     pub stored: Mutex<Option<StoredChunk>>,
@@ -59,6 +63,7 @@ impl FileHandle {
             writable,
             backing: None,
             backing_stale: std::sync::atomic::AtomicBool::new(false),
+            as_chunk: std::sync::atomic::AtomicBool::new(false),
             stored: Mutex::new(None),
             bytes: None,
             dirty: Mutex::new(None),
@@ -152,6 +157,17 @@ impl HandleTable {
         lock(&self.handles).values().any(
             |h| matches!(h.as_ref(), Handle::File(f) if f.ino == ino && f.backing_file().is_none()),
         )
+    }
+
+    /// `ino` was a chunk and moved elsewhere by a rename: its handles follow it.
+    pub fn chunk_moved(&self, ino: Ino) {
+        for h in lock(&self.handles).values() {
+            if let Handle::File(f) = h.as_ref()
+                && f.ino == ino
+            {
+                f.as_chunk.store(false, Ordering::Relaxed);
+            }
+        }
     }
 
     /// The data of `ino` left its BACKING file: handles stop using their descriptors.

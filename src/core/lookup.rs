@@ -563,7 +563,9 @@ impl ShardFs {
                     FileData::default()
                 } else {
                     FileData::from_bytes(Bytes::from(
-                        self.backing.read(&info.rel)?.unwrap_or_default(),
+                        self.backing
+                            .read_at_most(&info.rel, super::memfile::MAX_METADATA_BYTES)?
+                            .unwrap_or_default(),
                     ))
                 };
                 handle.mark_dirty(&self.start_temp(&info, content));
@@ -623,6 +625,9 @@ impl ShardFs {
                         self.shards
                             .open_for_write(&self.backing, array, coords, truncate)?;
                     handle.mark_dirty(&target);
+                    handle
+                        .as_chunk
+                        .store(true, std::sync::atomic::Ordering::Relaxed);
                 } else {
                     match self.shards.chunk(&self.backing, array, coords)? {
                         ChunkData::Absent => return Err(FsError::NotFound),

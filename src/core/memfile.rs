@@ -13,6 +13,9 @@ use super::array::lock;
 /// chunk, and low enough that the zeros of a hole can be written out.
 pub const MAX_FILE_BYTES: u64 = 4 << 30;
 
+/// The largest `zarr.json` held in memory and parsed: metadata, not data.
+pub const MAX_METADATA_BYTES: u64 = 64 << 20;
+
 /// Zeros for holes (sparse writes, truncation upwards), shared rather than allocated.
 static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
 
@@ -165,7 +168,7 @@ impl MemFile {
                 unflushed: 0,
                 version: 0,
                 retired: false,
-                touched: None,
+                touched: Some(Instant::now()),
                 mode,
             }),
         }

@@ -201,10 +201,14 @@ impl ShardFs {
             }
         };
         // A writer from creation to FLUSH: the content is not final meanwhile.
+        let kind_is_chunk = matches!(kind, NodeKind::Chunk { .. });
         let written = self.write_target(&kind)?;
         let attr = self.enter(parent, name, kind)?;
         let mut handle = FileHandle::new(attr.ino, writable);
         handle.backing = backing_file;
+        handle
+            .as_chunk
+            .store(kind_is_chunk, std::sync::atomic::Ordering::Relaxed);
         if let Some(f) = written
             && writable
         {
@@ -288,8 +292,11 @@ impl ShardFs {
                     ChunkData::Absent => Err(FsError::NotFound),
                 }
             }
+            // Into memory only what memory may hold (a file renamed into an array).
             NodeKind::File => Ok(from_bytes(Bytes::from(
-                self.backing.read(rel)?.ok_or(FsError::NotFound)?,
+                self.backing
+                    .read_at_most(rel, super::memfile::MAX_FILE_BYTES)?
+                    .ok_or(FsError::NotFound)?,
             ))),
             NodeKind::ArrayMeta(a) => Ok(from_bytes(a.view_json.clone())),
             NodeKind::GroupMeta(g) => Ok(from_bytes(g.json.clone())),
@@ -333,8 +340,7 @@ impl ShardFs {
                 if let Some(old) = self.temps.file(&doc)
                     && !Arc::ptr_eq(&old, &file)
                 {
-                    self.temps.remove_file(&doc);
-                    self.shards.charge(-(old.len() as i64));
+                    self.drop_temp_if(&doc, &old);
                 }
                 self.resolve_path(&doc)
             }
@@ -346,10 +352,7 @@ impl ShardFs {
     fn remove_content(&self, kind: &NodeKind, rel: &Path) -> Result<(), FsError> {
         match kind {
             NodeKind::Temp(f) => {
-                if self.temps.file(rel).is_some_and(|t| Arc::ptr_eq(&t, f)) {
-                    self.temps.remove_file(rel);
-                    self.shards.charge(-(f.len() as i64));
-                }
+                self.drop_temp_if(rel, f);
                 Ok(())
             }
             NodeKind::Chunk { array, coords } => {
@@ -481,7 +484,10 @@ impl ShardFs {
         flags: RenameFlags,
     ) -> Result<(), FsError> {
         let _gate = self.gate.for_request(
-            name == METADATA_FILE || newname == METADATA_FILE || self.is_dir_name(parent, name),
+            name == METADATA_FILE
+                || newname == METADATA_FILE
+                || self.is_dir_name(parent, name)
+                || (flags.exchange && self.is_dir_name(newparent, newname)),
         );
         let (dp, place, _shared) = self.place_held(newparent, newname)?;
         let sp = self.node(parent)?;
@@ -565,6 +571,9 @@ impl ShardFs {
                 if let (NodeKind::File, Some(ino)) = (&src, src_ino) {
                     self.handles.backing_moved(ino);
                 }
+                if let (NodeKind::Chunk { .. }, Some(ino)) = (&src, src_ino) {
+                    self.handles.chunk_moved(ino);
+                }
                 kind
             }
         };
@@ -612,7 +621,21 @@ impl ShardFs {
                 "exchange of names shardfs translates".into(),
             ));
         }
+        // Whole trees swap places: what is pending in either is written first, and what
+        // is known of them is forgotten (called with the gate held exclusively).
+        let trees = [src, dst].iter().any(|k| matches!(k, NodeKind::Dir));
+        if trees {
+            self.flush_below(src_rel)?;
+            self.flush_below(dst_rel)?;
+        }
         self.backing.exchange(src_rel, dst_rel)?;
+        if trees {
+            for rel in [src_rel, dst_rel.as_path()] {
+                self.shards.forget_array(rel);
+                self.temps.forget_below(rel);
+            }
+            self.inodes.bump_generation();
+        }
         self.inodes.detach(from.0, from.1, None);
         self.inodes.detach(to.0, to.1, None);
         Ok(())
@@ -729,6 +752,7 @@ impl ShardFs {
 
     /// Gives what was just made at `rel` in BACKING to `caller`: its user, and its group
     /// unless the directory passes its own down (set-group-ID, which BACKING applied).
+    /// Never fails the request: the file exists by now.
     fn own(&self, rel: &Path, caller: Caller) -> Result<(), FsError> {
         let daemon = Caller::daemon();
         if daemon.uid != 0 || (caller.uid == daemon.uid && caller.gid == daemon.gid) {
@@ -739,7 +763,13 @@ impl ShardFs {
             .and_then(|dir| self.backing.stat(dir).ok().flatten())
             .is_some_and(|m| std::os::unix::fs::MetadataExt::mode(&m) & libc::S_ISGID != 0);
         let gid = (!inherits).then_some(caller.gid);
-        self.backing.chown(rel, Some(caller.uid), gid)?;
+        // A BACKING that refuses (root squashed on NFS) keeps the daemon as owner: the file
+        // is made all the same, and a retry would find it there.
+        if let Err(e) = self.backing.chown(rel, Some(caller.uid), gid) {
+            warn!(file = %self.backing.path(rel).display(),
+                "made, but left owned by the daemon: BACKING refused to give it to uid {}: {e}",
+                caller.uid);
+        }
         Ok(())
     }
 

@@ -29,6 +29,16 @@ impl TempNames {
         lock(&self.files).remove(rel)
     }
 
+    /// Removes the name `rel` if it still holds `file`. Returns whether it did.
+    pub fn remove_if(&self, rel: &Path, file: &Arc<MemFile>) -> bool {
+        let mut files = lock(&self.files);
+        if files.get(rel).is_some_and(|f| Arc::ptr_eq(f, file)) {
+            files.remove(rel);
+            return true;
+        }
+        false
+    }
+
     /// Whether `file` is still reachable by a name (and so counts as pending memory).
     pub fn holds(&self, file: &Arc<MemFile>) -> bool {
         lock(&self.files).values().any(|f| Arc::ptr_eq(f, file))

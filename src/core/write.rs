@@ -5,6 +5,7 @@
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::SystemTime;
 
 use bytes::Bytes;
@@ -16,7 +17,7 @@ use super::attr::Attr;
 use super::error::FsError;
 use super::handle::Handle;
 use super::inode::{Ino, NodeKind};
-use super::memfile::{MAX_FILE_BYTES, MemFile};
+use super::memfile::{MAX_FILE_BYTES, MAX_METADATA_BYTES, MemFile};
 use super::shards::{ChunkData, WriteMode};
 use crate::backing::OpenMode;
 use crate::zarr::{KeyNode, METADATA_FILE};
@@ -61,16 +62,22 @@ fn set_file_attr(file: &std::fs::File, set: &SetAttr) -> Result<(), FsError> {
     Ok(())
 }
 
-/// Refuses a file end past `MAX_FILE_BYTES` (or past any number) for a file in memory.
+/// Refuses a file end past what a file in memory may hold (or past any number):
+/// `MAX_FILE_BYTES`, or `MAX_METADATA_BYTES` for a `zarr.json`.
 fn check_size(rel: &Path, end: Option<u64>) -> Result<(), FsError> {
+    let limit = if rel.file_name() == Some(METADATA_FILE.as_ref()) {
+        MAX_METADATA_BYTES
+    } else {
+        MAX_FILE_BYTES
+    };
     match end {
-        Some(end) if end <= MAX_FILE_BYTES => Ok(()),
+        Some(end) if end <= limit => Ok(()),
         _ => {
             warn!(file = %rel.display(),
-                "refused (EFBIG): chunk and temporary files inside arrays are held in memory \
-                 and may be at most {MAX_FILE_BYTES} bytes; write a smaller file");
+                "refused (EFBIG): files inside arrays and zarr.json documents are held in \
+                 memory, and may be at most {limit} bytes; write a smaller file");
             Err(FsError::TooBig(format!(
-                "{}: files inside arrays may be at most {MAX_FILE_BYTES} bytes",
+                "{}: may be at most {limit} bytes",
                 rel.display()
             )))
         }
@@ -131,6 +138,10 @@ impl ShardFs {
         {
             file.write_all_at(data, offset)?;
             return Ok(data.len() as u32);
+        }
+        if matches!(info.kind, NodeKind::File) && h.as_chunk.load(Ordering::Relaxed) {
+            // Its array is gone; whatever is at its path now is not this file.
+            return Err(FsError::NotFound);
         }
         if matches!(info.kind, NodeKind::File) {
             // A temporary file that went to BACKING while this handle was open.
@@ -211,16 +222,13 @@ impl ShardFs {
                 // be written stays, for a retry.
                 if let Err(e) = committed {
                     if matches!(e, FsError::Invalid(_)) {
-                        if let Some(old) = self.temps.remove_file(&info.rel) {
-                            self.shards.charge(-(old.len() as i64));
-                        }
+                        self.drop_temp_if(&info.rel, f);
                         self.inodes.detach(info.parent, &info.name, None);
                     }
                     return Err(e);
                 }
-                if let Some(old) = self.temps.remove_file(&info.rel) {
-                    self.shards.charge(-(old.len() as i64));
-                }
+                // Only this document: a newer one may have taken the name meanwhile.
+                self.drop_temp_if(&info.rel, f);
                 self.inodes.rekind_file(f, self.resolve_path(&info.rel)?);
                 Ok(())
             }

@@ -84,12 +84,10 @@ struct ShardState {
 }
 
 impl ShardState {
-    /// Nothing of it needs to stay: no data, no round in progress, no failure to report.
+    /// Nothing of it needs to stay: no data waits in it. (What a round has done so far
+    /// only saves a partial write later; a failure is retried by whoever writes again.)
     fn clean(&self) -> bool {
-        self.pending.is_empty()
-            && self.deleted.is_empty()
-            && self.done.is_empty()
-            && self.failure.is_none()
+        self.pending.is_empty() && self.deleted.is_empty()
     }
 }
 
@@ -151,7 +149,7 @@ impl ShardRegistry {
         array: &Arc<ArrayState>,
         shard: &[u64],
     ) -> Result<Arc<ShardSlot>, FsError> {
-        for _ in 0..3 {
+        for _ in 0..64 {
             let old = {
                 let mut slots = lock(&self.slots);
                 let key = (array.rel.clone(), shard.to_vec());
@@ -160,7 +158,9 @@ impl ShardRegistry {
                         s.last_used.store(self.tick(), Ordering::Relaxed);
                         return Ok(s.clone());
                     }
-                    Some(s) if !lock(&s.state).clean() => s.clone(),
+                    // Not replaced while it holds data, or while another request holds
+                    // it (it may be about to add some).
+                    Some(s) if !lock(&s.state).clean() || Arc::strong_count(s) > 1 => s.clone(),
                     _ => {
                         let fresh = Arc::new(ShardSlot {
                             array: array.clone(),
@@ -170,7 +170,7 @@ impl ShardRegistry {
                             last_used: AtomicU64::new(self.tick()),
                         });
                         if let Some(gone) = slots.insert(key, fresh.clone()) {
-                            self.uncache(&lock(&gone.state));
+                            self.uncache(&mut lock(&gone.state));
                         }
                         self.cache_bytes.fetch_add(SLOT_COST, Ordering::Relaxed);
                         drop(slots);
@@ -180,6 +180,8 @@ impl ShardRegistry {
                 }
             };
             self.write_slot(backing, &old, WriteMode::Everything)?;
+            drop(old);
+            std::thread::yield_now();
         }
         Err(FsError::Busy(format!(
             "{}: chunks of the array's earlier layout are still pending",
@@ -209,20 +211,30 @@ impl ShardRegistry {
         st.stored = new;
     }
 
-    fn uncache_index(&self, st: &ShardState) {
-        if let Some(old) = &st.stored {
-            self.cache_bytes.fetch_sub(old.cost(), Ordering::Relaxed);
+    fn uncache_index(&self, st: &mut ShardState) {
+        if let Some(old) = st.stored.take() {
+            self.uncount(old.cost());
         }
     }
 
-    fn uncache(&self, st: &ShardState) {
+    /// A slot leaves the map: its index and its own cost leave the account (once: the
+    /// index is taken out, so a thread still holding the slot cannot subtract it again).
+    fn uncache(&self, st: &mut ShardState) {
         self.uncache_index(st);
-        self.cache_bytes.fetch_sub(SLOT_COST, Ordering::Relaxed);
+        self.uncount(SLOT_COST);
+    }
+
+    fn uncount(&self, n: u64) {
+        let _ = self
+            .cache_bytes
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
+                Some(b.saturating_sub(n))
+            });
     }
 
     /// Over the budget, drops the least recently used slots that hold nothing but a cached
     /// index (and that nobody is using right now), down to three quarters of it.
-    fn evict_if_over(&self) {
+    pub(crate) fn evict_if_over(&self) {
         if self.cache_bytes.load(Ordering::Relaxed) <= self.cache_limit {
             return;
         }
@@ -240,7 +252,7 @@ impl ShardRegistry {
                 break;
             }
             if let Some(slot) = slots.remove(&key) {
-                self.uncache(&lock(&slot.state));
+                self.uncache(&mut lock(&slot.state));
             }
         }
     }
@@ -632,9 +644,10 @@ impl ShardRegistry {
     pub fn forget_array(&self, rel: &Path) {
         let mut slots = lock(&self.slots);
         slots.retain(|(r, _), slot| {
-            let keep = !r.starts_with(rel) || !lock(&slot.state).clean();
+            let mut st = lock(&slot.state);
+            let keep = !r.starts_with(rel) || !st.clean() || Arc::strong_count(slot) > 1;
             if !keep {
-                self.uncache(&lock(&slot.state));
+                self.uncache(&mut st);
             }
             keep
         });
@@ -648,10 +661,12 @@ impl ShardRegistry {
             if r != rel {
                 return true;
             }
-            let st = lock(&slot.state);
+            let mut st = lock(&slot.state);
             let held: u64 = st.pending.values().map(|m| m.len()).sum();
             self.charge(-(held as i64));
-            self.uncache(&st);
+            st.pending.clear();
+            st.deleted.clear();
+            self.uncache(&mut st);
             false
         });
     }

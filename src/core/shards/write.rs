@@ -123,6 +123,9 @@ impl ShardRegistry {
                     st.done.retain(|p| !done.contains(p));
                 }
                 st.failure = None;
+                drop(st);
+                // The new index counts against the cache (checked with no slot locked).
+                self.evict_if_over();
                 Ok(())
             }
             Err(e) => {
