@@ -153,6 +153,12 @@ fn metadata_parsing_and_translation_never_panic() {
         .iter()
         .map(|s| s.as_bytes().to_vec())
         .collect();
+    // Found by the long run: a float that drifted on each rewrite (inexact parsing).
+    let mut seeds = seeds;
+    seeds.push(
+        br#"{"zarr_format":3,"node_type":"array","shape":[100,60],"data_type":"uint16","chunk_grid":{"name":"regular","configuration":{"chunk_shape":[10,6]}},"chunk_key_encoding":{"name":"default","configuration":{"separator":"/"}},"fill_value":5555555555555555555555555555555555555555555555555555555555555555555555555555555555555555555555555555555555555,"codecs":[{"name":"bytes"}],"attributes":{"x":[0.1,1e-300,5555555555555555555555555555555555555555555555555555555555555555555555555555555555555555555555555555555555555.5]}}"#
+            .to_vec(),
+    );
     for s in &seeds {
         assert!(
             Node::parse(s).is_ok(),
