@@ -258,7 +258,7 @@ pub fn run_foreground(config: &MountConfig, ready: Option<OwnedFd>) -> Result<()
     let backing = fs::canonicalize(&config.backing).map_err(io_err(&config.backing))?;
     let status_file = runtime_dir().join(format!("{}.status", std::process::id()));
     if let Some(dir) = status_file.parent() {
-        fs::create_dir_all(dir).map_err(io_err(dir))?;
+        private_dir(dir).map_err(io_err(dir))?;
     }
     let _ = fs::remove_file(&status_file);
     sweep_status_files(status_file.parent());
@@ -373,12 +373,47 @@ pub fn run_foreground(config: &MountConfig, ready: Option<OwnedFd>) -> Result<()
         (Err(e), true) => format!("session ended with an error: {e}\n"),
     };
     info!("unmounted: {}", status.trim());
-    let _ = fs::write(&status_file, &status);
+    if let Err(e) = write_private(&status_file, status.as_bytes()) {
+        error!("status file {} not written: {e}", status_file.display());
+    }
     match (result, failed.is_empty()) {
         (Ok(()), true) => Ok(()),
         (Err(e), _) => Err(io_err(&config.mountpoint)(e)),
         (Ok(()), false) => Err(DaemonError::Unclean(status.trim().to_string())),
     }
+}
+
+/// Makes `dir` (in a shared temporary directory) ours alone: a directory, not a link,
+/// owned by us, mode 0700. Anything else there is refused: another user may have put it.
+fn private_dir(dir: &Path) -> io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    match fs::DirBuilder::new().mode(0o700).create(dir) {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+        _ => {}
+    }
+    let m = fs::symlink_metadata(dir)?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if !m.is_dir() || m.uid() != me {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "not a directory of ours (remove it, or set TMPDIR elsewhere)",
+        ));
+    }
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+}
+
+/// Writes a file of ours, never through a link.
+fn write_private(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)?
+        .write_all(bytes)
 }
 
 /// Removes the status files of daemons that are gone, once nobody can still be waiting to

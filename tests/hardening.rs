@@ -261,17 +261,6 @@ fn unmount_names_what_it_cannot_write() {
     assert_eq!(fs::read(backing.join("a/x.tmp")).unwrap(), b"hello");
 }
 
-#[test]
-fn stats_count_what_they_should() {
-    let (_d, backing, _) = dirs();
-    let m = Mounted::new(&backing, &[], LIMIT);
-    let s = stats(&m);
-    assert_eq!(s["panics"], 0, "{s}");
-    python_ok("noop", "pass", &[]);
-    assert_ok(&m.unmount(&[]), "unmount");
-}
-
-/// A directory swapped for a symbolic link after the kernel looked it up: nothing the
 /// daemon does through the old path may land outside BACKING.
 #[test]
 fn a_directory_swapped_for_a_link_does_not_lead_outside() {
@@ -487,6 +476,13 @@ fn memory_pressure_bounds_open_files_and_returns_the_backing_error() {
     let s = stats(&m);
     assert!(s["partial_writes"].as_u64().unwrap() > 0, "{s}");
     drop(files);
+    // A closed temporary file bigger than the limit goes to BACKING at the next write.
+    fs::write(a.join("big.tmp"), vec![9u8; 512 * 1024]).unwrap();
+    write_chunk(&a, 1, 0, &[1; 16]).unwrap();
+    let s = stats(&m);
+    assert!(s["temp_files_persisted"].as_u64().unwrap() >= 1, "{s}");
+    assert!(s["pending_bytes"].as_u64().unwrap() <= limit, "{s}");
+    assert_eq!(fs::read(a.join("big.tmp")).unwrap(), vec![9u8; 512 * 1024]);
     for j in 0..4 {
         assert_eq!(
             fs::read(a.join(format!("c/0/{j}"))).unwrap(),

@@ -39,7 +39,6 @@ impl ShardFs {
                 if meta.codecs.iter().any(|c| c.name == SHARDING_CODEC) {
                     return self.commit_as_written(dir, bytes);
                 }
-                self.classifier.show_as_written(dir, false);
                 let sharded = self.sharded_form(dir, &meta);
                 if let Ok(new) = &sharded {
                     self.settle_layout(dir, Some(new))?;
@@ -51,6 +50,7 @@ impl ShardFs {
                         let _exclusive =
                             self.plain_names.write().unwrap_or_else(|e| e.into_inner());
                         self.import_plain_chunks(dir, &sharded)?;
+                        self.classifier.show_as_written(dir, false);
                         let doc_bytes = Node::Array(sharded).to_json_bytes();
                         self.backing
                             .write_atomic(&doc, &[Bytes::from(doc_bytes)], true)?;
@@ -71,7 +71,6 @@ impl ShardFs {
             }
             Ok(Node::Group(group)) => {
                 self.settle_layout(dir, None)?;
-                self.classifier.show_as_written(dir, false);
                 if group.consolidated_entries().is_none() {
                     bytes.to_vec()
                 } else {
@@ -91,6 +90,8 @@ impl ShardFs {
                 }
             }
         };
+        // Whatever this document is, the array is no longer shown as its writer wrote it.
+        self.classifier.show_as_written(dir, false);
         self.backing
             .write_atomic(&doc, &[Bytes::from(stored)], true)?;
         // Names below may now be chunk keys (or no longer): the kernel's inodes for them

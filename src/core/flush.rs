@@ -100,6 +100,14 @@ impl ShardFs {
                     return Ok(());
                 }
             }
+            if self.shards.pending_bytes() <= limit / 4 * 3 {
+                return Ok(());
+            }
+            // What is left may be temporary files: closed ones go to BACKING as they are
+            // (a later rename onto a chunk reads them back).
+            if let Err(e) = self.write_out_temps(limit / 4 * 3) {
+                last_error = Some(e);
+            }
             if self.shards.pending_bytes() >= before {
                 break;
             }
@@ -113,6 +121,28 @@ impl ShardFs {
             }
             _ => Ok(()),
         }
+    }
+
+    /// Writes closed temporary files (not `zarr.json`) to BACKING, biggest first, until
+    /// pending memory is at `target`. Returns the last error.
+    fn write_out_temps(&self, target: u64) -> Result<(), FsError> {
+        let mut temps: Vec<(std::path::PathBuf, Arc<MemFile>)> = self
+            .temps
+            .all_files()
+            .into_iter()
+            .filter(|(rel, f)| f.settled() && rel.file_name() != Some(METADATA_FILE.as_ref()))
+            .collect();
+        temps.sort_by_key(|(_, f)| std::cmp::Reverse(f.len()));
+        let mut result = Ok(());
+        for (rel, file) in temps {
+            if self.shards.pending_bytes() <= target {
+                break;
+            }
+            if let Err(e) = self.persist_temp_if_there(&rel, &file) {
+                result = Err(e);
+            }
+        }
+        result
     }
 
     /// Writes the biggest pending shards (per `mode`) until below three quarters of the
