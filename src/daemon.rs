@@ -23,6 +23,7 @@ use tracing::{error, info};
 use crate::backing::Backing;
 use crate::core::{CONTROL_FILE, DaemonInfo, ShardFs, WriteConfig};
 use crate::fuse::FuseAdapter;
+use crate::journal::JOURNAL_DIR;
 
 #[derive(Clone, Debug)]
 pub struct MountConfig {
@@ -264,14 +265,26 @@ pub fn run_foreground(config: &MountConfig, ready: Option<OwnedFd>) -> Result<()
     sweep_status_files(status_file.parent());
     let signals = block_signals();
     raise_fd_limit();
-    let core = Arc::new(ShardFs::with_config(
+    let core = ShardFs::with_config(
         Backing::new(backing.clone()).map_err(io_err(&backing))?,
         DaemonInfo {
             pid: std::process::id(),
             status_file: status_file.clone(),
         },
         config.write.clone(),
-    ));
+    );
+    let core = Arc::new(if config.write.journal {
+        core.with_journal()
+            .map_err(io_err(&backing.join(JOURNAL_DIR)))?
+    } else {
+        core
+    });
+    // Before going live: what mounts that died had made durable goes into its shards.
+    if let Err(e) = core.replay_journals() {
+        let e = io_err(&backing.join(JOURNAL_DIR))(std::io::Error::other(e.to_string()));
+        report(&format!("journal replay failed: {e}"));
+        return Err(e);
+    }
     let mut fuse_config = Config::default();
     fuse_config.mount_options = vec![
         MountOption::FSName(format!("shardfs:{}", backing.display())),
@@ -361,6 +374,9 @@ pub fn run_foreground(config: &MountConfig, ready: Option<OwnedFd>) -> Result<()
         );
         std::thread::sleep(Duration::from_secs(2));
         failed = flush();
+    }
+    if failed.is_empty() {
+        core.close_journal();
     }
     let status = match (&result, failed.is_empty()) {
         (Ok(()), true) => "ok\n".to_string(),

@@ -11,5 +11,6 @@ pub mod daemon;
 pub mod errno;
 pub mod fuse;
 pub mod grid;
+pub mod journal;
 pub mod shard;
 pub mod zarr;

@@ -139,6 +139,25 @@ impl Drop for KeyLock {
     }
 }
 
+/// Takes an exclusive open-file-description lock on the whole file without waiting.
+/// Returns whether it was taken (someone else holds it otherwise).
+pub fn try_lock(file: &File) -> io::Result<bool> {
+    // SAFETY: a zeroed `flock` is valid; the fields set below describe the whole file.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as _;
+    fl.l_whence = libc::SEEK_SET as _;
+    // SAFETY: a valid descriptor and a pointer to a properly initialised struct.
+    let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &fl) };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EAGAIN) | Some(libc::EACCES) => Ok(false),
+        _ => Err(e),
+    }
+}
+
 /// An exclusive open-file-description lock on the whole file (what tensorstore takes),
 /// waited for in short steps up to `LOCK_WAIT` from `start`.
 fn lock_exclusive(file: &File, start: Instant) -> io::Result<()> {

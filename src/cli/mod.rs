@@ -100,6 +100,14 @@ struct MountArgs {
     /// (suffixes K, M, G). Least recently used entries go first.
     #[arg(long, default_value = "256M", value_parser = parse_size)]
     index_cache_bytes: u64,
+    /// fsync writes the shards concerned instead of appending to the journal (slower for
+    /// writers that fsync every chunk, such as tensorstore).
+    #[arg(long)]
+    no_journal: bool,
+    /// Journal bytes kept before the shards holding journaled chunks are written out
+    /// (suffixes K, M, G).
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    max_journal_bytes: u64,
     /// Internal: the descriptor on which the daemon reports that the mount is live.
     #[arg(long, hide = true)]
     ready_fd: Option<i32>,
@@ -188,6 +196,8 @@ fn mount(args: MountArgs) -> ExitCode {
             idle_flush: std::time::Duration::from_secs_f64(args.idle_flush.max(0.0)),
             max_pending: args.max_pending_memory,
             index_cache: args.index_cache_bytes,
+            journal: !args.no_journal,
+            max_journal: args.max_journal_bytes,
         },
     };
     if !config.backing.is_dir() {

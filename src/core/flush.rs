@@ -75,6 +75,7 @@ impl ShardFs {
         }
         let _ = self.relieve_memory();
         self.shards.evict_if_over();
+        self.bound_journal();
     }
 
     fn write_pending(&self, p: &PendingShard, mode: WriteMode) -> Result<(), FsError> {
@@ -253,6 +254,9 @@ impl ShardFs {
         report.pending_bytes = self.shards.pending_bytes();
         report.temp_files = self.temps.count() as u64;
         (report.index_cache_entries, report.index_cache_bytes) = self.shards.cache_usage();
+        if let Some(j) = self.shards.journal() {
+            report.journal = j.report();
+        }
         report.failed = pending
             .iter()
             .filter_map(|p| {

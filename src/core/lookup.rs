@@ -165,6 +165,9 @@ impl ShardFs {
         if parent.ino == ROOT && name == CONTROL_FILE {
             return Ok(NodeKind::Control);
         }
+        if parent.ino == ROOT && name == super::PRIVATE_DIR {
+            return Err(FsError::NotFound);
+        }
         if parent.detached {
             return Err(FsError::NotFound);
         }
@@ -417,7 +420,8 @@ impl ShardFs {
             ListEntry::new(".", FileType::Dir),
             ListEntry::new("..", FileType::Dir),
         ];
-        let hide_control = |name: &str| !(ino == ROOT && name == CONTROL_FILE);
+        let hide_control =
+            |name: &str| !(ino == ROOT && (name == CONTROL_FILE || name == super::PRIVATE_DIR));
         match &info.kind {
             NodeKind::Dir => {
                 entries.extend(self.backing_listing(&info.rel, |n| hide_control(n))?);

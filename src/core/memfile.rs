@@ -157,6 +157,10 @@ pub struct MemState {
     pub retired: bool,
     /// The last write or close: what "idle" counts from.
     pub touched: Option<Instant>,
+    /// The version of the content last made durable in the journal, if any.
+    pub journaled: Option<u64>,
+    /// Journal records holding versions of this file, retired when it is in its shard.
+    pub records: Vec<crate::journal::RecordRef>,
 }
 
 impl MemFile {
@@ -169,6 +173,8 @@ impl MemFile {
                 version: 0,
                 retired: false,
                 touched: Some(Instant::now()),
+                journaled: None,
+                records: Vec::new(),
                 mode,
             }),
         }
@@ -214,6 +220,30 @@ impl MemFile {
 
     pub fn with<R>(&self, f: impl FnOnce(&mut MemState) -> R) -> R {
         f(&mut lock(&self.state))
+    }
+
+    /// Adds journal records of this file's content. A file already retired (its content
+    /// durable in its shard, so a newer version than any record) gets none: they are
+    /// returned, to be retired at once.
+    pub fn add_records(
+        &self,
+        version: u64,
+        records: Vec<crate::journal::RecordRef>,
+    ) -> Vec<crate::journal::RecordRef> {
+        let mut s = lock(&self.state);
+        if s.retired {
+            return records;
+        }
+        if s.version == version {
+            s.journaled = Some(version);
+        }
+        s.records.extend(records);
+        Vec::new()
+    }
+
+    /// Takes the journal records of this file (it is durable in its shard, or replaced).
+    pub fn take_records(&self) -> Vec<crate::journal::RecordRef> {
+        std::mem::take(&mut lock(&self.state).records)
     }
 
     /// When it was last written or closed.

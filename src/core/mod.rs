@@ -10,6 +10,7 @@ pub mod array;
 pub mod attr;
 pub mod classify;
 mod commit;
+mod durable;
 pub mod error;
 mod flush;
 pub mod group;
@@ -43,6 +44,8 @@ use temp::TempNames;
 /// The name of the control file in the mount's root. It is not listed; a BACKING file of
 /// the same name is hidden by it.
 pub const CONTROL_FILE: &str = ".shardfs-control";
+/// shardfs's own directory in BACKING's root (journals): not shown in the mount.
+pub const PRIVATE_DIR: &str = ".shardfs";
 const CONTROL_SIZE: usize = 64 * 1024;
 
 /// What the control file tells about the daemon.
@@ -64,6 +67,11 @@ pub struct WriteConfig {
     pub max_pending: u64,
     /// The budget of the index cache, in bytes.
     pub index_cache: u64,
+    /// fsync appends to a journal in BACKING instead of writing shards.
+    pub journal: bool,
+    /// Past this many journal bytes, the shards holding journaled chunks are written (so
+    /// that their records retire).
+    pub max_journal: u64,
 }
 
 impl Default for WriteConfig {
@@ -73,6 +81,8 @@ impl Default for WriteConfig {
             idle_flush: Duration::from_secs(5),
             max_pending: 2 << 30,
             index_cache: shards::DEFAULT_INDEX_CACHE,
+            journal: false,
+            max_journal: 1 << 30,
         }
     }
 }

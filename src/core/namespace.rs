@@ -73,6 +73,9 @@ pub struct RenameFlags {
 
 impl ShardFs {
     fn place(&self, parent: &NodeInfo, name: &OsStr) -> Result<Place, FsError> {
+        if parent.ino == super::ROOT && name == super::PRIVATE_DIR {
+            return Err(FsError::NotPermitted("shardfs's own directory"));
+        }
         let rel = join_rel(&parent.rel, name);
         let (array, node) = match &parent.kind {
             NodeKind::Dir if name == METADATA_FILE => return Ok(Place::Meta(parent.rel.clone())),

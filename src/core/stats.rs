@@ -46,6 +46,9 @@ pub struct StatsReport {
     pub index_cache_entries: u64,
     #[serde(default)]
     pub index_cache_bytes: u64,
+    /// The fsync journal, when the mount keeps one.
+    #[serde(flatten, default)]
+    pub journal: crate::journal::JournalReport,
     /// Shards whose last write failed, and whatever else the last flush could not write,
     /// each with its error.
     pub failed: Vec<String>,

@@ -274,11 +274,7 @@ impl ShardFs {
     pub fn fsync(&self, ino: Ino, fh: Option<u64>) -> Result<(), FsError> {
         let info = self.node(ino)?;
         match &info.kind {
-            NodeKind::Chunk { array, coords } => {
-                let shard = array.layout.locate(coords).shard;
-                self.shards
-                    .write_shard(&self.backing, array, &shard, WriteMode::Everything)
-            }
+            NodeKind::Chunk { array, coords } => self.fsync_chunk(array, coords),
             // A zarr.json being written: fsync commits it.
             NodeKind::Temp(_)
                 if !info.detached && info.rel.file_name() == Some(METADATA_FILE.as_ref()) =>
@@ -311,32 +307,14 @@ impl ShardFs {
     pub fn fsyncdir(&self, ino: Ino) -> Result<(), FsError> {
         let info = self.node(ino)?;
         match &info.kind {
-            NodeKind::ArrayDir(array) => self.flush_array_below(array, &KeyNode::Root),
-            NodeKind::ChunkDir { array, node } => self.flush_array_below(array, node),
+            NodeKind::ArrayDir(array) => self.fsync_below(array, &KeyNode::Root),
+            NodeKind::ChunkDir { array, node } => self.fsync_below(array, node),
             NodeKind::Dir => {
                 self.backing.sync_dir(&info.rel)?;
                 Ok(())
             }
             _ => Err(FsError::NotDir),
         }
-    }
-
-    /// Writes, durably, every pending shard of `array` that holds chunks below `node`.
-    fn flush_array_below(&self, array: &Arc<ArrayState>, node: &KeyNode) -> Result<(), FsError> {
-        let cps = array.layout.chunks_per_shard();
-        let shard_prefix: Vec<u64> = node.prefix().iter().zip(cps).map(|(c, n)| c / n).collect();
-        let mut first_error = None;
-        for p in self.shards.pending() {
-            if p.array.rel == array.rel && p.shard.starts_with(&shard_prefix) {
-                let r = self
-                    .shards
-                    .write_pending(&self.backing, &p, WriteMode::Everything);
-                if let Err(e) = r {
-                    first_error.get_or_insert(e);
-                }
-            }
-        }
-        first_error.map_or(Ok(()), Err)
     }
 
     pub fn setattr(&self, ino: Ino, set: &SetAttr) -> Result<Attr, FsError> {

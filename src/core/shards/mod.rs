@@ -50,6 +50,8 @@ pub struct ShardRegistry {
     cache_limit: u64,
     /// A clock for "least recently used".
     clock: AtomicU64,
+    /// Where fsynced chunks are made durable, when the mount keeps a journal.
+    journal: std::sync::OnceLock<Arc<crate::journal::Journal>>,
 }
 
 impl Default for ShardRegistry {
@@ -79,6 +81,9 @@ struct ShardState {
     deleted: BTreeSet<usize>,
     /// Positions written (and closed) or deleted in this round.
     done: BTreeSet<usize>,
+    /// Journal records of content replaced or deleted before it reached the shard: retired
+    /// once a write of the shard includes what replaced it.
+    superseded: BTreeMap<usize, Vec<crate::journal::RecordRef>>,
     last_change: Option<Instant>,
     failure: Option<Failure>,
 }
@@ -124,6 +129,8 @@ pub struct PendingShard {
     pub chunks: usize,
     /// The last change: a write, a close, a rename or a deletion.
     pub last_change: Option<Instant>,
+    /// Whether journal records wait on this shard's write.
+    pub journaled: bool,
     pub failure: Option<Failure>,
     pub all_settled: bool,
 }
@@ -137,6 +144,7 @@ impl ShardRegistry {
             cache_bytes: AtomicU64::new(0),
             cache_limit,
             clock: AtomicU64::new(0),
+            journal: std::sync::OnceLock::new(),
         }
     }
 
@@ -187,6 +195,23 @@ impl ShardRegistry {
             "{}: chunks of the array's earlier layout are still pending",
             array.rel.display()
         )))
+    }
+
+    /// Makes fsync go through `journal` from now on.
+    pub fn set_journal(&self, journal: Arc<crate::journal::Journal>) {
+        let _ = self.journal.set(journal);
+    }
+
+    pub fn journal(&self) -> Option<&Arc<crate::journal::Journal>> {
+        self.journal.get()
+    }
+
+    /// Retires journal records (their content is durable in a shard, or dropped on
+    /// purpose).
+    pub(crate) fn retire(&self, records: Vec<crate::journal::RecordRef>) {
+        if let Some(j) = self.journal() {
+            j.retire(&records);
+        }
     }
 
     fn tick(&self) -> u64 {
@@ -490,6 +515,8 @@ impl ShardRegistry {
         let old = st.pending.insert(loc.pos, file);
         if let Some(o) = &old {
             self.charge(-(o.len() as i64));
+            let records = o.take_records();
+            st.superseded.entry(loc.pos).or_default().extend(records);
         }
         Ok(old)
     }
@@ -507,6 +534,10 @@ impl ShardRegistry {
         let had_pending = st.pending.remove(&loc.pos).inspect(|m| {
             self.charge(-(m.len() as i64));
         });
+        if let Some(m) = &had_pending {
+            let records = m.take_records();
+            st.superseded.entry(loc.pos).or_default().extend(records);
+        }
         let stored = match self.open_stored(backing, &slot, &loc.shard, &mut st)? {
             Some(OpenShard { stored, .. }) => match stored.index {
                 Ok(index) => index.get(loc.pos).is_some(),
@@ -611,6 +642,34 @@ impl ShardRegistry {
         }
     }
 
+    /// The pending chunks of `array` in shards below `shard_prefix` (only closed ones with
+    /// `settled_only`), with their coordinates.
+    pub fn pending_files(
+        &self,
+        array: &Path,
+        shard_prefix: &[u64],
+        settled_only: bool,
+    ) -> Vec<(Arc<ArrayState>, Vec<u64>, Arc<MemFile>)> {
+        let slots: Vec<Arc<ShardSlot>> = lock(&self.slots)
+            .range((array.to_path_buf(), vec![])..)
+            .take_while(|((rel, _), _)| rel == array)
+            .filter(|((_, shard), _)| shard.starts_with(shard_prefix))
+            .map(|(_, slot)| slot.clone())
+            .collect();
+        let mut out = Vec::new();
+        for slot in slots {
+            let st = lock(&slot.state);
+            for (pos, m) in &st.pending {
+                if settled_only && !m.settled() {
+                    continue;
+                }
+                let coords = slot.array.layout.chunk_coords(&slot.shard, *pos);
+                out.push((slot.array.clone(), coords, m.clone()));
+            }
+        }
+        out
+    }
+
     /// Every shard with something pending, for the flusher and for stats.
     pub fn pending(&self) -> Vec<PendingShard> {
         let slots: Vec<(SlotKey, Arc<ShardSlot>)> = lock(&self.slots)
@@ -631,6 +690,11 @@ impl ShardRegistry {
                     bytes: st.pending.values().map(|m| m.len()).sum(),
                     chunks: st.pending.len(),
                     last_change: st.last_change.max(touched),
+                    journaled: !st.superseded.is_empty()
+                        || st
+                            .pending
+                            .values()
+                            .any(|m| m.snapshot().journaled.is_some()),
                     failure: st.failure.clone(),
                     all_settled: st.pending.values().all(|m| m.settled()),
                 })
@@ -664,6 +728,11 @@ impl ShardRegistry {
             let mut st = lock(&slot.state);
             let held: u64 = st.pending.values().map(|m| m.len()).sum();
             self.charge(-(held as i64));
+            for m in st.pending.values() {
+                self.retire(m.take_records());
+            }
+            let superseded = std::mem::take(&mut st.superseded);
+            self.retire(superseded.into_values().flatten().collect());
             st.pending.clear();
             st.deleted.clear();
             self.uncache(&mut st);

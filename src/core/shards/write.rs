@@ -103,6 +103,7 @@ impl ShardRegistry {
         let mut st = lock(&slot.state);
         match result {
             Ok(written) => {
+                let mut durable = Vec::new();
                 for (pos, m, version, _) in &chosen {
                     // Retired under the file's own lock only if unchanged since the
                     // snapshot; a writer that comes later finds it retired and starts again
@@ -111,7 +112,13 @@ impl ShardRegistry {
                     if current && m.retire_at(*version) {
                         st.pending.remove(pos);
                         self.charge(-(m.len() as i64));
+                        durable.extend(m.take_records());
                     }
+                    // What this content replaced is in the shard no more.
+                    durable.extend(st.superseded.remove(pos).unwrap_or_default());
+                }
+                for pos in &deleted {
+                    durable.extend(st.superseded.remove(pos).unwrap_or_default());
                 }
                 for pos in &deleted {
                     st.deleted.remove(pos);
@@ -124,6 +131,9 @@ impl ShardRegistry {
                 }
                 st.failure = None;
                 drop(st);
+                // The shard write was durable (file and directory synced): the records of
+                // what it holds are no longer needed.
+                self.retire(durable);
                 // The new index counts against the cache (checked with no slot locked).
                 self.evict_if_over();
                 Ok(())

@@ -1,0 +1,195 @@
+//! fsync through the journal (`crate::journal`): a chunk is made durable as one record,
+//! not by writing its shard; and, when a mount starts, the records of mounts that died are
+//! put back as pending chunks and written into their shards.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use tracing::{info, warn};
+
+use super::ShardFs;
+use super::array::ArrayState;
+use super::error::FsError;
+use super::memfile::{FileData, MemFile};
+use super::shards::WriteMode;
+use crate::journal::{Entry, Journal};
+use crate::zarr::{KeyNode, Node, ShardLayout};
+
+/// A pending chunk to make durable: its array, coordinates and file.
+pub(crate) type PendingChunk = (Arc<ArrayState>, Vec<u64>, Arc<MemFile>);
+
+impl ShardFs {
+    /// Begins a journal in BACKING: from now on fsync appends records instead of writing
+    /// shards.
+    pub fn with_journal(self) -> std::io::Result<ShardFs> {
+        let journal = Journal::open(&self.backing)?;
+        self.shards.set_journal(Arc::new(journal));
+        Ok(self)
+    }
+
+    /// At a clean end (everything written): the journal goes, lock and all.
+    pub fn close_journal(&self) {
+        if let Some(j) = self.shards.journal() {
+            j.close();
+        }
+    }
+
+    /// Past `--max-journal-bytes`: the shards that journal records wait on are written, so
+    /// that the records retire and their segments go.
+    pub(crate) fn bound_journal(&self) {
+        let Some(j) = self.shards.journal() else {
+            return;
+        };
+        if j.bytes() <= self.config.max_journal {
+            return;
+        }
+        for p in self.shards.pending() {
+            if p.journaled {
+                let _ = self
+                    .shards
+                    .write_pending(&self.backing, &p, WriteMode::Everything);
+            }
+        }
+    }
+
+    /// Makes the content of `files` durable: each one not yet in the journal at its
+    /// current version becomes a record, all of them synced together.
+    pub(crate) fn journal_files(
+        &self,
+        journal: &Journal,
+        files: &[PendingChunk],
+    ) -> Result<(), FsError> {
+        let mut taken = Vec::new();
+        for (array, coords, file) in files {
+            let snap = file.snapshot();
+            if snap.journaled == Some(snap.version) || snap.retired {
+                continue;
+            }
+            let meta = Node::Array(array.meta.clone()).to_json_bytes();
+            taken.push((
+                array,
+                coords,
+                file,
+                snap.version,
+                snap.data.segments(),
+                meta,
+            ));
+        }
+        let entries: Vec<Entry> = taken
+            .iter()
+            .map(|(array, coords, _, _, segments, meta)| Entry {
+                array: &array.rel,
+                meta,
+                coords,
+                data: segments,
+            })
+            .collect();
+        let records = journal.append(&entries)?;
+        for ((_, _, file, version, _, _), record) in taken.iter().zip(records) {
+            // Retired meanwhile (its shard written): its record is not needed.
+            let late = file.add_records(*version, vec![record]);
+            self.shards.retire(late);
+        }
+        self.bound_journal();
+        Ok(())
+    }
+
+    /// fsync of chunk `coords`: its content is made durable (a record, or its shard when
+    /// the mount keeps no journal).
+    pub(crate) fn fsync_chunk(
+        &self,
+        array: &Arc<ArrayState>,
+        coords: &[u64],
+    ) -> Result<(), FsError> {
+        let Some(journal) = self.shards.journal().cloned() else {
+            let shard = array.layout.locate(coords).shard;
+            return self
+                .shards
+                .write_shard(&self.backing, array, &shard, WriteMode::Everything);
+        };
+        if let super::shards::ChunkData::Pending(file) =
+            self.shards.chunk(&self.backing, array, coords)?
+        {
+            self.journal_files(&journal, &[(array.clone(), coords.to_vec(), file)])?;
+        }
+        Ok(())
+    }
+
+    /// fsync of a key directory (or the array directory): every closed pending chunk below
+    /// it is made durable, and so is its name there.
+    pub(crate) fn fsync_below(
+        &self,
+        array: &Arc<ArrayState>,
+        node: &KeyNode,
+    ) -> Result<(), FsError> {
+        let cps = array.layout.chunks_per_shard();
+        let prefix: Vec<u64> = node.prefix().iter().zip(cps).map(|(c, n)| c / n).collect();
+        let Some(journal) = self.shards.journal().cloned() else {
+            return self.write_pending_below(&array.rel, &prefix);
+        };
+        let files: Vec<PendingChunk> = self
+            .shards
+            .pending_files(&array.rel, &prefix, true)
+            .into_iter()
+            .filter(|(_, coords, _)| coords.starts_with(node.prefix()))
+            .collect();
+        self.journal_files(&journal, &files)
+    }
+
+    /// Writes, durably, every pending shard of the array at `rel` below `shard_prefix`.
+    pub(crate) fn write_pending_below(
+        &self,
+        rel: &Path,
+        shard_prefix: &[u64],
+    ) -> Result<(), FsError> {
+        let mut first_error = None;
+        for p in self.shards.pending() {
+            if p.array.rel == rel && p.shard.starts_with(shard_prefix) {
+                let r = self
+                    .shards
+                    .write_pending(&self.backing, &p, WriteMode::Everything);
+                if let Err(e) = r {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Before the mount goes live: the chunks in the journals of mounts that are gone are
+    /// put back as pending chunks (under their array's current layout, when it still places
+    /// them where they were written) and written into their shards. Returns how many.
+    pub fn replay_journals(&self) -> Result<usize, FsError> {
+        let Some(journal) = self.shards.journal().cloned() else {
+            return Ok(0);
+        };
+        let replayed = journal.adopt_dead()?;
+        let count = replayed.len();
+        for r in replayed {
+            let recorded = Node::parse(&r.meta).ok().and_then(|n| match n {
+                Node::Array(m) => ShardLayout::of(&m).ok().flatten(),
+                Node::Group(_) => None,
+            });
+            let array = self.array_at(&r.array)?;
+            let placed = match (&array, &recorded) {
+                (Some(a), Some(l)) => a.layout.same_placement(l) && a.chunk_inside(&r.coords),
+                _ => false,
+            };
+            let Some(array) = array.filter(|_| placed) else {
+                warn!(array = %r.array.display(), coords = ?r.coords,
+                    "journaled chunk dropped: its array is gone or now lays chunks out elsewhere");
+                self.shards.retire(vec![r.record]);
+                continue;
+            };
+            let file = Arc::new(MemFile::new(FileData::from_bytes(r.data), 0o644));
+            file.add_records(0, vec![r.record]);
+            self.shards.charge(file.len() as i64);
+            self.shards.put(&self.backing, &array, &r.coords, file)?;
+        }
+        if count > 0 {
+            let failed = self.flush_all();
+            info!(chunks = count, unwritten = failed.len(), "journal replayed");
+        }
+        Ok(count)
+    }
+}

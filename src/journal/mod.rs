@@ -1,0 +1,483 @@
+//! The write-ahead journal that makes fsync cost one record instead of one shard write.
+//!
+//! An fsync of a pending chunk (or of a directory holding pending chunks) appends the chunk
+//! as a record to this mount's journal and waits for one `fdatasync`, shared by every fsync
+//! waiting at that moment (group commit). The chunk stays pending; its shard is still
+//! written once, when complete (or idle, or under pressure, or at unmount). A record is
+//! retired when its shard write is durable; a segment file with no live record left is
+//! deleted.
+//!
+//! Journals live in BACKING, in `.shardfs/journal/`: one per mount instance, named by a
+//! random id, made of numbered segment files, with a lock file the mount holds (an OFD
+//! lock) for its whole life. A mount starting up takes over every journal whose lock it
+//! can take (its mount died, on this machine or another) and replays its records. The
+//! journal sits behind `Backing`, like everything else written to BACKING.
+
+pub mod record;
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex};
+
+use bytes::Bytes;
+use serde::Serialize;
+use tracing::{info, warn};
+
+use crate::backing::{Backing, OpenMode, is_absent};
+use crate::core::array::lock;
+
+/// Where journals live, relative to BACKING's root.
+pub const JOURNAL_DIR: &str = ".shardfs/journal";
+/// A segment is closed and a new one begun past this size.
+const SEGMENT_BYTES: u64 = 64 << 20;
+
+/// A record in a segment, to be retired when its chunk is durable in its shard.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordRef {
+    segment: PathBuf,
+}
+
+/// One chunk to be made durable: where it goes and its bytes.
+pub struct Entry<'a> {
+    /// The array directory, relative to BACKING.
+    pub array: &'a Path,
+    /// The array's sharded `zarr.json` as stored: the layout the chunk belongs to.
+    pub meta: &'a [u8],
+    pub coords: &'a [u64],
+    pub data: &'a [Bytes],
+}
+
+/// A chunk read back from a dead mount's journal.
+#[derive(Debug)]
+pub struct Replayed {
+    pub array: PathBuf,
+    pub meta: Vec<u8>,
+    pub coords: Vec<u64>,
+    pub data: Bytes,
+    pub record: RecordRef,
+}
+
+/// Counters for `shardfs stats`.
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
+pub struct JournalReport {
+    pub journal_bytes: u64,
+    pub live_records: u64,
+    pub group_commits: u64,
+    pub journaled_chunks: u64,
+    pub replayed_records: u64,
+}
+
+#[derive(Debug)]
+struct Segment {
+    live: u64,
+    bytes: u64,
+}
+
+#[derive(Debug)]
+struct Current {
+    path: PathBuf,
+    file: File,
+    bytes: u64,
+    number: u64,
+    /// Layouts written to this segment: (array, meta) -> id.
+    layouts: BTreeMap<(PathBuf, Vec<u8>), u32>,
+}
+
+#[derive(Debug, Default)]
+struct SyncState {
+    /// Appends so far, and how many of them are durable.
+    written: u64,
+    synced: u64,
+    syncing: bool,
+}
+
+#[derive(Debug)]
+pub struct Journal {
+    backing: Backing,
+    id: String,
+    current: Mutex<Current>,
+    /// Every segment with live records (this mount's and adopted ones).
+    segments: Mutex<BTreeMap<PathBuf, Segment>>,
+    sync: Mutex<SyncState>,
+    synced_cv: Condvar,
+    /// The OFD lock that tells other mounts this journal is alive.
+    _alive: File,
+    group_commits: AtomicU64,
+    journaled_chunks: AtomicU64,
+    replayed_records: AtomicU64,
+}
+
+impl Journal {
+    /// Begins this mount's journal.
+    pub fn open(backing: &Backing) -> io::Result<Journal> {
+        let dir = Path::new(JOURNAL_DIR);
+        backing.create_dir_all(dir)?;
+        let id = new_id();
+        let lock_rel = dir.join(format!("{id}.lock"));
+        let alive = backing.open_file(&lock_rel, create(0o600))?;
+        if !crate::backing::lock::try_lock(&alive)? {
+            return Err(io::Error::other(
+                "a fresh journal lock is held by someone else",
+            ));
+        }
+        let first = Self::new_segment(backing, &id, 0)?;
+        Ok(Journal {
+            backing: backing.clone(),
+            id,
+            current: Mutex::new(first),
+            segments: Mutex::new(BTreeMap::new()),
+            sync: Mutex::default(),
+            synced_cv: Condvar::new(),
+            _alive: alive,
+            group_commits: AtomicU64::new(0),
+            journaled_chunks: AtomicU64::new(0),
+            replayed_records: AtomicU64::new(0),
+        })
+    }
+
+    fn new_segment(backing: &Backing, id: &str, number: u64) -> io::Result<Current> {
+        let path = Path::new(JOURNAL_DIR).join(format!("{id}.{number:06}.seg"));
+        let file = backing.open_file(&path, create(0o600))?;
+        // The segment's name must be durable before a record in it is relied on.
+        backing.sync_dir(Path::new(JOURNAL_DIR))?;
+        Ok(Current {
+            path,
+            file,
+            bytes: 0,
+            number,
+            layouts: BTreeMap::new(),
+        })
+    }
+
+    /// Appends `entries` and makes them durable (one fdatasync for everyone waiting at
+    /// that moment). Returns one record per entry, to retire when the chunk is durable in
+    /// its shard.
+    pub fn append(&self, entries: &[Entry]) -> io::Result<Vec<RecordRef>> {
+        if entries.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (refs, seq) = self.write_records(entries)?;
+        self.sync_to(seq)?;
+        self.journaled_chunks
+            .fetch_add(entries.len() as u64, Ordering::Relaxed);
+        Ok(refs)
+    }
+
+    fn write_records(&self, entries: &[Entry]) -> io::Result<(Vec<RecordRef>, u64)> {
+        let mut cur = lock(&self.current);
+        if cur.bytes > SEGMENT_BYTES {
+            self.rotate(&mut cur)?;
+        }
+        let mut buffers: Vec<Bytes> = Vec::new();
+        for e in entries {
+            let key = (e.array.to_path_buf(), e.meta.to_vec());
+            let next = cur.layouts.len() as u32;
+            let id = *cur.layouts.entry(key).or_insert(next);
+            if id == next {
+                let text = e.array.to_string_lossy();
+                buffers.push(Bytes::from(record::encode_layout(id, &text, e.meta)));
+            }
+            buffers.extend(record::encode_chunk(id, e.coords, e.data));
+        }
+        let len: u64 = buffers.iter().map(|b| b.len() as u64).sum();
+        let start = cur.bytes;
+        let written = write_all_at(&cur.file, &buffers, start);
+        if let Err(e) = written {
+            // A partial append is cut off again, so that what follows is not behind a
+            // torn record (the space may come back).
+            let _ = cur.file.set_len(start);
+            return Err(e);
+        }
+        cur.bytes += len;
+        let path = cur.path.clone();
+        {
+            let mut segs = lock(&self.segments);
+            let seg = segs
+                .entry(path.clone())
+                .or_insert(Segment { live: 0, bytes: 0 });
+            seg.live += entries.len() as u64;
+            seg.bytes = cur.bytes;
+        }
+        let mut sync = lock(&self.sync);
+        sync.written += 1;
+        let seq = sync.written;
+        drop(sync);
+        let refs = entries
+            .iter()
+            .map(|_| RecordRef {
+                segment: path.clone(),
+            })
+            .collect();
+        Ok((refs, seq))
+    }
+
+    /// Closes the current segment (durably: its records may not have been synced yet) and
+    /// begins the next one.
+    fn rotate(&self, cur: &mut Current) -> io::Result<()> {
+        cur.file.sync_data()?;
+        let next = Self::new_segment(&self.backing, &self.id, cur.number + 1)?;
+        let old = std::mem::replace(cur, next);
+        let empty = lock(&self.segments)
+            .get(&old.path)
+            .is_none_or(|s| s.live == 0);
+        if empty {
+            self.remove_segment(&old.path);
+        }
+        Ok(())
+    }
+
+    /// Waits until append number `seq` is durable, syncing for everyone if nobody is.
+    fn sync_to(&self, seq: u64) -> io::Result<()> {
+        let mut sync = lock(&self.sync);
+        loop {
+            if sync.synced >= seq {
+                return Ok(());
+            }
+            if !sync.syncing {
+                break;
+            }
+            sync = self.synced_cv.wait(sync).unwrap_or_else(|e| e.into_inner());
+        }
+        sync.syncing = true;
+        let target = sync.written;
+        drop(sync);
+        let file = lock(&self.current).file.try_clone();
+        let result = file.and_then(|f| f.sync_data());
+        let mut sync = lock(&self.sync);
+        sync.syncing = false;
+        if result.is_ok() {
+            sync.synced = sync.synced.max(target);
+            self.group_commits.fetch_add(1, Ordering::Relaxed);
+        }
+        self.synced_cv.notify_all();
+        result
+    }
+
+    /// The records' chunks are durable in their shards: they are no longer needed.
+    pub fn retire(&self, refs: &[RecordRef]) {
+        if refs.is_empty() {
+            return;
+        }
+        let current = lock(&self.current).path.clone();
+        let mut gone = Vec::new();
+        {
+            let mut segs = lock(&self.segments);
+            for r in refs {
+                if let Some(seg) = segs.get_mut(&r.segment) {
+                    seg.live = seg.live.saturating_sub(1);
+                    if seg.live == 0 && r.segment != current {
+                        segs.remove(&r.segment);
+                        gone.push(r.segment.clone());
+                    }
+                }
+            }
+        }
+        for path in gone {
+            self.remove_segment(&path);
+        }
+    }
+
+    fn remove_segment(&self, path: &Path) {
+        if let Err(e) = self.backing.remove_file(path) {
+            warn!(segment = %path.display(), "journal segment not removed: {e}");
+        }
+        // A dead mount's journal whose last segment went: its lock file goes too.
+        if let Some(id) = journal_id(path)
+            && id != self.id
+            && !self.has_segments_of(&id)
+        {
+            let _ = self
+                .backing
+                .remove_file(&Path::new(JOURNAL_DIR).join(format!("{id}.lock")));
+        }
+    }
+
+    fn has_segments_of(&self, id: &str) -> bool {
+        lock(&self.segments)
+            .keys()
+            .any(|p| journal_id(p).as_deref() == Some(id))
+    }
+
+    /// At a clean end: when no record is live, this journal's files go.
+    pub fn close(&self) {
+        if lock(&self.segments).values().any(|s| s.live > 0) {
+            return;
+        }
+        let current = lock(&self.current).path.clone();
+        let _ = self.backing.remove_file(&current);
+        let _ = self
+            .backing
+            .remove_file(&Path::new(JOURNAL_DIR).join(format!("{}.lock", self.id)));
+    }
+
+    /// Bytes held by segments with live records.
+    pub fn bytes(&self) -> u64 {
+        lock(&self.segments).values().map(|s| s.bytes).sum()
+    }
+
+    pub fn report(&self) -> JournalReport {
+        let segs = lock(&self.segments);
+        JournalReport {
+            journal_bytes: segs.values().map(|s| s.bytes).sum(),
+            live_records: segs.values().map(|s| s.live).sum(),
+            group_commits: self.group_commits.load(Ordering::Relaxed),
+            journaled_chunks: self.journaled_chunks.load(Ordering::Relaxed),
+            replayed_records: self.replayed_records.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Takes over the journals of mounts that are gone (their lock can be taken) and
+    /// returns their chunks, in the order written. Their segments stay until every chunk
+    /// is durable in its shard (retire), so a crash during replay loses nothing: the next
+    /// mount replays them again, which writes the same shards.
+    pub fn adopt_dead(&self) -> io::Result<Vec<Replayed>> {
+        let dir = Path::new(JOURNAL_DIR);
+        let mut ids: Vec<String> = self
+            .backing
+            .list(dir)?
+            .into_iter()
+            .filter_map(|e| e.name.into_string().ok())
+            .filter_map(|n| n.strip_suffix(".lock").map(str::to_string))
+            .filter(|id| *id != self.id)
+            .collect();
+        ids.sort();
+        let mut out = Vec::new();
+        for id in ids {
+            let lock_rel = dir.join(format!("{id}.lock"));
+            let file = match self.backing.open_file(&lock_rel, rw()) {
+                Ok(f) => f,
+                Err(e) if is_absent(&e) => continue,
+                Err(e) => return Err(e),
+            };
+            // Alive elsewhere: not ours to take. The lock is kept (leaked) while we hold
+            // its records, so that no third mount takes them too.
+            if !crate::backing::lock::try_lock(&file)? {
+                continue;
+            }
+            let before = out.len();
+            self.read_journal(&id, &mut out)?;
+            info!(journal = %id, records = out.len() - before, "journal of a mount that is gone taken over");
+            if !self.has_segments_of(&id) {
+                let _ = self.backing.remove_file(&lock_rel);
+            }
+            std::mem::forget(file);
+        }
+        self.replayed_records
+            .fetch_add(out.len() as u64, Ordering::Relaxed);
+        Ok(out)
+    }
+
+    fn read_journal(&self, id: &str, out: &mut Vec<Replayed>) -> io::Result<()> {
+        let dir = Path::new(JOURNAL_DIR);
+        let mut names: Vec<String> = self
+            .backing
+            .list(dir)?
+            .into_iter()
+            .filter_map(|e| e.name.into_string().ok())
+            .filter(|n| n.starts_with(&format!("{id}.")) && n.ends_with(".seg"))
+            .collect();
+        names.sort();
+        for name in names {
+            let path = dir.join(&name);
+            let bytes = Bytes::from(self.backing.read(&path)?.unwrap_or_default());
+            let (records, valid) = record::decode_all(&bytes);
+            if valid < bytes.len() {
+                warn!(segment = %path.display(), dropped = bytes.len() - valid,
+                    "torn end of a journal segment dropped (its fsync never returned)");
+            }
+            let mut layouts: BTreeMap<u32, (PathBuf, Vec<u8>)> = BTreeMap::new();
+            let mut chunks = 0;
+            for r in records {
+                match r {
+                    record::Record::Layout { id, array, meta } => {
+                        layouts.insert(id, (PathBuf::from(array), meta));
+                    }
+                    record::Record::Chunk {
+                        layout,
+                        coords,
+                        data,
+                    } => {
+                        let Some((array, meta)) = layouts.get(&layout) else {
+                            continue;
+                        };
+                        chunks += 1;
+                        out.push(Replayed {
+                            array: array.clone(),
+                            meta: meta.clone(),
+                            coords,
+                            data,
+                            record: RecordRef {
+                                segment: path.clone(),
+                            },
+                        });
+                    }
+                }
+            }
+            if chunks == 0 {
+                let _ = self.backing.remove_file(&path);
+                continue;
+            }
+            lock(&self.segments).insert(
+                path,
+                Segment {
+                    live: chunks,
+                    bytes: valid as u64,
+                },
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The journal id a segment path belongs to.
+fn journal_id(path: &Path) -> Option<String> {
+    let name = path.file_name()?.to_str()?;
+    Some(name.split('.').next()?.to_string())
+}
+
+fn create(mode: u32) -> OpenMode {
+    OpenMode {
+        read: true,
+        write: true,
+        create_new: Some(mode),
+        ..OpenMode::default()
+    }
+}
+
+fn rw() -> OpenMode {
+    OpenMode {
+        read: true,
+        write: true,
+        ..OpenMode::default()
+    }
+}
+
+/// A fresh id: this machine's name, the process and the time, so that two mounts (here or
+/// elsewhere) never share one.
+fn new_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let host: String = host
+        .trim()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
+        .collect();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    format!("{host}-{}-{nanos:x}", std::process::id())
+}
+
+/// Writes `buffers` at `offset`, looping over short writes.
+fn write_all_at(file: &File, buffers: &[Bytes], offset: u64) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let mut at = offset;
+    for b in buffers {
+        file.write_all_at(b, at)?;
+        at += b.len() as u64;
+    }
+    Ok(())
+}

@@ -1,0 +1,198 @@
+//! The journal's record format. Pure: bytes in, records out.
+//!
+//! A record is a 16-byte header and a payload:
+//!
+//! ```text
+//! magic "SRJ1" (u32 le) | kind (u8) | 3 zero bytes | payload length (u32 le) | crc32c of payload (u32 le)
+//! ```
+//!
+//! - kind 1, a layout: `id (u32) | path length (u32) | array path | sharded zarr.json`. It
+//!   names an array and the layout its chunks were written under, once per segment file.
+//! - kind 2, a chunk: `layout id (u32) | ndim (u32) | coords (u64 each) | the chunk's bytes`.
+//!
+//! A record whose header or checksum does not hold ends the segment: it is the torn tail of
+//! a write whose fsync never returned.
+
+use bytes::Bytes;
+
+pub const MAGIC: u32 = u32::from_le_bytes(*b"SRJ1");
+pub const HEADER: usize = 16;
+const LAYOUT: u8 = 1;
+const CHUNK: u8 = 2;
+/// No record is larger: a chunk is at most 4 GiB, a layout far less.
+const MAX_PAYLOAD: u64 = (4 << 30) + (1 << 20);
+
+/// A decoded record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Record {
+    Layout {
+        id: u32,
+        array: String,
+        meta: Vec<u8>,
+    },
+    Chunk {
+        layout: u32,
+        coords: Vec<u64>,
+        data: Bytes,
+    },
+}
+
+/// The header and the fixed part of a record, ready to be written before `data`.
+pub fn encode_layout(id: u32, array: &str, meta: &[u8]) -> Vec<u8> {
+    let mut payload = Vec::with_capacity(8 + array.len() + meta.len());
+    payload.extend_from_slice(&id.to_le_bytes());
+    payload.extend_from_slice(&(array.len() as u32).to_le_bytes());
+    payload.extend_from_slice(array.as_bytes());
+    payload.extend_from_slice(meta);
+    let mut out = header(LAYOUT, payload.len() as u64, crc32c::crc32c(&payload));
+    out.extend_from_slice(&payload);
+    out
+}
+
+/// A chunk record as buffers: header and fixed part in the first, then `data` as it is
+/// (the segments the kernel delivered, not joined).
+pub fn encode_chunk(layout: u32, coords: &[u64], data: &[Bytes]) -> Vec<Bytes> {
+    let mut fixed = Vec::with_capacity(8 + 8 * coords.len());
+    fixed.extend_from_slice(&layout.to_le_bytes());
+    fixed.extend_from_slice(&(coords.len() as u32).to_le_bytes());
+    for c in coords {
+        fixed.extend_from_slice(&c.to_le_bytes());
+    }
+    let mut crc = crc32c::crc32c(&fixed);
+    let mut len = fixed.len() as u64;
+    for d in data {
+        crc = crc32c::crc32c_append(crc, d);
+        len += d.len() as u64;
+    }
+    let mut first = header(CHUNK, len, crc);
+    first.extend_from_slice(&fixed);
+    let mut out = Vec::with_capacity(data.len() + 1);
+    out.push(Bytes::from(first));
+    out.extend(data.iter().filter(|d| !d.is_empty()).cloned());
+    out
+}
+
+fn header(kind: u8, len: u64, crc: u32) -> Vec<u8> {
+    let mut h = Vec::with_capacity(HEADER);
+    h.extend_from_slice(&MAGIC.to_le_bytes());
+    h.extend_from_slice(&[kind, 0, 0, 0]);
+    h.extend_from_slice(&(len as u32).to_le_bytes());
+    h.extend_from_slice(&crc.to_le_bytes());
+    h
+}
+
+/// Decodes the records of a segment, in order, up to the first one that does not hold.
+/// Returns them and the length of the valid prefix.
+pub fn decode_all(bytes: &Bytes) -> (Vec<Record>, usize) {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while let Some((record, len)) = decode_one(bytes, at) {
+        out.push(record);
+        at += len;
+    }
+    (out, at)
+}
+
+fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+
+fn decode_one(bytes: &Bytes, at: usize) -> Option<(Record, usize)> {
+    let h = bytes.get(at..at + HEADER)?;
+    if u32_at(h, 0)? != MAGIC || h[5..8] != [0, 0, 0] {
+        return None;
+    }
+    let len = u32_at(h, 8)? as usize;
+    if len as u64 > MAX_PAYLOAD {
+        return None;
+    }
+    let start = at + HEADER;
+    let payload = bytes.get(start..start.checked_add(len)?)?;
+    if crc32c::crc32c(payload) != u32_at(h, 12)? {
+        return None;
+    }
+    let record = match h[4] {
+        LAYOUT => {
+            let id = u32_at(payload, 0)?;
+            let n = u32_at(payload, 4)? as usize;
+            let array = std::str::from_utf8(payload.get(8..8usize.checked_add(n)?)?).ok()?;
+            Record::Layout {
+                id,
+                array: array.to_string(),
+                meta: payload[8 + n..].to_vec(),
+            }
+        }
+        CHUNK => {
+            let layout = u32_at(payload, 0)?;
+            let ndim = u32_at(payload, 4)? as usize;
+            let end = 8usize.checked_add(ndim.checked_mul(8)?)?;
+            let coords = payload
+                .get(8..end)?
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+                .collect();
+            Record::Chunk {
+                layout,
+                coords,
+                data: bytes.slice(start + end..start + len),
+            }
+        }
+        _ => return None,
+    };
+    Some((record, HEADER + len))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn join(parts: Vec<Bytes>) -> Vec<u8> {
+        parts.iter().flat_map(|b| b.iter().copied()).collect()
+    }
+
+    #[test]
+    fn records_round_trip_and_a_torn_tail_ends_the_segment() {
+        let mut seg = encode_layout(7, "a/b", br#"{"x":1}"#);
+        let data = [Bytes::from_static(b"hello "), Bytes::from_static(b"world")];
+        seg.extend(join(encode_chunk(7, &[1, 2], &data)));
+        seg.extend(join(encode_chunk(7, &[], &[])));
+        let whole = seg.len();
+        // A torn record after the good ones: its checksum cannot hold.
+        let mut torn = join(encode_chunk(7, &[3, 4], &[Bytes::from_static(b"lost")]));
+        torn.truncate(torn.len() - 2);
+        seg.extend(torn);
+        let (records, valid) = decode_all(&Bytes::from(seg));
+        assert_eq!(valid, whole);
+        assert_eq!(
+            records,
+            vec![
+                Record::Layout {
+                    id: 7,
+                    array: "a/b".into(),
+                    meta: br#"{"x":1}"#.to_vec()
+                },
+                Record::Chunk {
+                    layout: 7,
+                    coords: vec![1, 2],
+                    data: Bytes::from_static(b"hello world")
+                },
+                Record::Chunk {
+                    layout: 7,
+                    coords: vec![],
+                    data: Bytes::new()
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn a_flipped_byte_anywhere_stops_decoding_there() {
+        let rec = join(encode_chunk(1, &[5], &[Bytes::from_static(b"abcdef")]));
+        for i in 0..rec.len() {
+            let mut bad = rec.clone();
+            bad[i] ^= 0x40;
+            let (records, valid) = decode_all(&Bytes::from(bad));
+            assert!(records.is_empty() && valid == 0, "byte {i}");
+        }
+    }
+}
