@@ -165,6 +165,30 @@ fn chunk_by_chunk_writes_each_shard_once() {
 }
 
 #[test]
+fn tensorstore_with_its_fsyncs_writes_each_shard_once() {
+    // tensorstore fsyncs every chunk file and its directory: those go to the journal, and
+    // each shard is still written once, when complete, with no merge.
+    let (_d, backing, out) = dirs();
+    let m = Mounted::new(&backing, &["--chunks-per-shard", "2"], LIMIT);
+    assert_ok(
+        &writer("ts-counted", &m.mountpoint, &out),
+        "tensorstore writes",
+    );
+    let s = stats(&m);
+    // 4 shards of the chunk-by-chunk array, 4 of the whole one (2x2 chunks per shard).
+    assert_eq!(s["shards_written"], 8, "{s}");
+    assert_eq!(s["merges"], 0, "{s}");
+    assert_eq!(s["partial_writes"], 0, "{s}");
+    // Chunks fsynced while their shard was incomplete went to the journal (the last one
+    // of a shard completes it, and its fsync then finds it written).
+    assert!(s["journaled_chunks"].as_u64().unwrap() >= 8, "{s}");
+    assert!(s["group_commits"].as_u64().unwrap() >= 1, "{s}");
+    assert_eq!(s["live_records"], 0, "records not retired: {s}");
+    assert_ok(&m.unmount(&[]), "unmount");
+    check_backing(&backing, &out, &["ts_counted", "ts_counted_whole"]);
+}
+
+#[test]
 fn cp_and_rsync_into_the_mount() {
     let (d, backing, _) = dirs();
     let src = d.path().join("src");

@@ -112,6 +112,8 @@ impl ShardFs {
         {
             self.journal_files(&journal, &[(array.clone(), coords.to_vec(), file)])?;
         }
+        // Retirements too: a chunk already in its shard must not come back older.
+        journal.sync_all()?;
         Ok(())
     }
 
@@ -133,7 +135,9 @@ impl ShardFs {
             .into_iter()
             .filter(|(_, coords, _)| coords.starts_with(node.prefix()))
             .collect();
-        self.journal_files(&journal, &files)
+        self.journal_files(&journal, &files)?;
+        journal.sync_all()?;
+        Ok(())
     }
 
     /// Writes, durably, every pending shard of the array at `rel` below `shard_prefix`.
@@ -187,8 +191,16 @@ impl ShardFs {
             self.shards.put(&self.backing, &array, &r.coords, file)?;
         }
         if count > 0 {
+            // Live only once every replayed chunk is in its shard: a journal taken over is
+            // never left half applied behind a mount that takes new writes.
             let failed = self.flush_all();
-            info!(chunks = count, unwritten = failed.len(), "journal replayed");
+            if !failed.is_empty() {
+                return Err(FsError::Failed(
+                    format!("journal replay could not write: {}", failed.join("; ")),
+                    libc::EIO,
+                ));
+            }
+            info!(chunks = count, "journal replayed");
         }
         Ok(count)
     }

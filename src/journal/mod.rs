@@ -18,6 +18,7 @@ pub mod record;
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
@@ -38,6 +39,7 @@ const SEGMENT_BYTES: u64 = 64 << 20;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RecordRef {
     segment: PathBuf,
+    id: u64,
 }
 
 /// One chunk to be made durable: where it goes and its bytes.
@@ -84,6 +86,8 @@ struct Current {
     number: u64,
     /// Layouts written to this segment: (array, meta) -> id.
     layouts: BTreeMap<(PathBuf, Vec<u8>), u32>,
+    /// The next record id (ids grow through the whole journal).
+    next_id: u64,
 }
 
 #[derive(Debug, Default)]
@@ -149,6 +153,7 @@ impl Journal {
             bytes: 0,
             number,
             layouts: BTreeMap::new(),
+            next_id: 0,
         })
     }
 
@@ -172,15 +177,19 @@ impl Journal {
             self.rotate(&mut cur)?;
         }
         let mut buffers: Vec<Bytes> = Vec::new();
+        let mut ids = Vec::with_capacity(entries.len());
         for e in entries {
             let key = (e.array.to_path_buf(), e.meta.to_vec());
             let next = cur.layouts.len() as u32;
-            let id = *cur.layouts.entry(key).or_insert(next);
-            if id == next {
+            let layout = *cur.layouts.entry(key).or_insert(next);
+            if layout == next {
                 let text = e.array.to_string_lossy();
-                buffers.push(Bytes::from(record::encode_layout(id, &text, e.meta)));
+                buffers.push(Bytes::from(record::encode_layout(layout, &text, e.meta)));
             }
-            buffers.extend(record::encode_chunk(id, e.coords, e.data));
+            let id = cur.next_id;
+            cur.next_id += 1;
+            ids.push(id);
+            buffers.extend(record::encode_chunk(layout, id, e.coords, e.data));
         }
         let len: u64 = buffers.iter().map(|b| b.len() as u64).sum();
         let start = cur.bytes;
@@ -205,10 +214,11 @@ impl Journal {
         sync.written += 1;
         let seq = sync.written;
         drop(sync);
-        let refs = entries
-            .iter()
-            .map(|_| RecordRef {
+        let refs = ids
+            .into_iter()
+            .map(|id| RecordRef {
                 segment: path.clone(),
+                id,
             })
             .collect();
         Ok((refs, seq))
@@ -218,14 +228,13 @@ impl Journal {
     /// begins the next one.
     fn rotate(&self, cur: &mut Current) -> io::Result<()> {
         cur.file.sync_data()?;
-        let next = Self::new_segment(&self.backing, &self.id, cur.number + 1)?;
+        let mut next = Self::new_segment(&self.backing, &self.id, cur.number + 1)?;
+        next.next_id = cur.next_id;
         let old = std::mem::replace(cur, next);
-        let empty = lock(&self.segments)
-            .get(&old.path)
-            .is_none_or(|s| s.live == 0);
-        if empty {
-            self.remove_segment(&old.path);
-        }
+        lock(&self.segments).entry(old.path).or_insert(Segment {
+            live: 0,
+            bytes: old.bytes,
+        });
         Ok(())
     }
 
@@ -256,28 +265,79 @@ impl Journal {
         result
     }
 
-    /// The records' chunks are durable in their shards: they are no longer needed.
+    /// The records' chunks are durable in their shards: they are no longer needed. For
+    /// this journal's own records a retirement record is appended (made durable with the
+    /// next sync, before any fsync returns), so that a replay never brings back content
+    /// that a later write replaced. Segments go oldest first, once no record in them is
+    /// live: a retirement never outlives the records it names.
     pub fn retire(&self, refs: &[RecordRef]) {
         if refs.is_empty() {
             return;
         }
-        let current = lock(&self.current).path.clone();
-        let mut gone = Vec::new();
+        let own: Vec<u64> = refs
+            .iter()
+            .filter(|r| journal_id(&r.segment).as_deref() == Some(self.id.as_str()))
+            .map(|r| r.id)
+            .collect();
+        if !own.is_empty()
+            && let Err(e) = self.append_raw(record::encode_retire(&own))
+        {
+            // Without it a replay would write the records' (older) content again; the
+            // segments are then kept until a clean end removes them.
+            warn!("journal retirement not recorded: {e}");
+            return;
+        }
         {
             let mut segs = lock(&self.segments);
             for r in refs {
                 if let Some(seg) = segs.get_mut(&r.segment) {
                     seg.live = seg.live.saturating_sub(1);
-                    if seg.live == 0 && r.segment != current {
-                        segs.remove(&r.segment);
-                        gone.push(r.segment.clone());
-                    }
                 }
             }
         }
+        self.retire_empty();
+    }
+
+    /// Removes the segments that hold nothing live, oldest first.
+    fn retire_empty(&self) {
+        let current = lock(&self.current).path.clone();
+        let gone = {
+            let mut segs = lock(&self.segments);
+            let gone = removable(&segs, &current);
+            for path in &gone {
+                segs.remove(path);
+            }
+            gone
+        };
         for path in gone {
             self.remove_segment(&path);
         }
+    }
+
+    /// Appends bytes to the current segment without waiting for a sync.
+    fn append_raw(&self, bytes: Vec<u8>) -> io::Result<()> {
+        let mut cur = lock(&self.current);
+        let start = cur.bytes;
+        if let Err(e) = cur.file.write_all_at(&bytes, start) {
+            let _ = cur.file.set_len(start);
+            return Err(e);
+        }
+        cur.bytes += bytes.len() as u64;
+        let (path, total) = (cur.path.clone(), cur.bytes);
+        drop(cur);
+        lock(&self.segments)
+            .entry(path)
+            .or_insert(Segment { live: 0, bytes: 0 })
+            .bytes = total;
+        lock(&self.sync).written += 1;
+        Ok(())
+    }
+
+    /// Makes everything appended so far durable (retirements included). Free when
+    /// nothing is waiting.
+    pub fn sync_all(&self) -> io::Result<()> {
+        let seq = lock(&self.sync).written;
+        self.sync_to(seq)
     }
 
     fn remove_segment(&self, path: &Path) {
@@ -367,6 +427,7 @@ impl Journal {
         }
         self.replayed_records
             .fetch_add(out.len() as u64, Ordering::Relaxed);
+        self.retire_empty();
         Ok(out)
     }
 
@@ -380,12 +441,22 @@ impl Journal {
             .filter(|n| n.starts_with(&format!("{id}.")) && n.ends_with(".seg"))
             .collect();
         names.sort();
+        let mut segments = Vec::new();
+        let mut retired = std::collections::BTreeSet::new();
         for name in names {
             let path = dir.join(&name);
             let bytes = Bytes::from(self.backing.read(&path)?.unwrap_or_default());
             let (records, valid) = record::decode_all(&bytes);
-            if valid < bytes.len() {
-                warn!(segment = %path.display(), dropped = bytes.len() - valid,
+            for r in &records {
+                if let record::Record::Retire { ids } = r {
+                    retired.extend(ids.iter().copied());
+                }
+            }
+            segments.push((path, bytes.len(), records, valid));
+        }
+        for (path, len, records, valid) in segments {
+            if valid < len {
+                warn!(segment = %path.display(), dropped = len - valid,
                     "torn end of a journal segment dropped (its fsync never returned)");
             }
             let mut layouts: BTreeMap<u32, (PathBuf, Vec<u8>)> = BTreeMap::new();
@@ -397,12 +468,17 @@ impl Journal {
                     }
                     record::Record::Chunk {
                         layout,
+                        id,
                         coords,
                         data,
                     } => {
                         let Some((array, meta)) = layouts.get(&layout) else {
                             continue;
                         };
+                        // Retired: durable in its shard, and maybe replaced since.
+                        if retired.contains(&id) {
+                            continue;
+                        }
                         chunks += 1;
                         out.push(Replayed {
                             array: array.clone(),
@@ -411,15 +487,15 @@ impl Journal {
                             data,
                             record: RecordRef {
                                 segment: path.clone(),
+                                id,
                             },
                         });
                     }
+                    record::Record::Retire { .. } => {}
                 }
             }
-            if chunks == 0 {
-                let _ = self.backing.remove_file(&path);
-                continue;
-            }
+            // Kept in order even with nothing live: its retirements may name records of
+            // an earlier segment. Segments go oldest first (see `retire`).
             lock(&self.segments).insert(
                 path,
                 Segment {
@@ -430,6 +506,25 @@ impl Journal {
         }
         Ok(())
     }
+}
+
+/// The segments that can go: per journal, from the oldest, those with no live record (the
+/// current one stays).
+fn removable(segs: &BTreeMap<PathBuf, Segment>, current: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut blocked: std::collections::BTreeSet<String> = Default::default();
+    for (path, seg) in segs {
+        let id = journal_id(path).unwrap_or_default();
+        if blocked.contains(&id) {
+            continue;
+        }
+        if seg.live == 0 && path != current {
+            out.push(path.clone());
+        } else {
+            blocked.insert(id);
+        }
+    }
+    out
 }
 
 /// The journal id a segment path belongs to.
@@ -473,7 +568,6 @@ fn new_id() -> String {
 
 /// Writes `buffers` at `offset`, looping over short writes.
 fn write_all_at(file: &File, buffers: &[Bytes], offset: u64) -> io::Result<()> {
-    use std::os::unix::fs::FileExt;
     let mut at = offset;
     for b in buffers {
         file.write_all_at(b, at)?;

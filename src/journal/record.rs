@@ -8,7 +8,10 @@
 //!
 //! - kind 1, a layout: `id (u32) | path length (u32) | array path | sharded zarr.json`. It
 //!   names an array and the layout its chunks were written under, once per segment file.
-//! - kind 2, a chunk: `layout id (u32) | ndim (u32) | coords (u64 each) | the chunk's bytes`.
+//! - kind 2, a chunk: `layout id (u32) | ndim (u32) | record id (u64) | coords (u64 each) |
+//!   the chunk's bytes`. Record ids grow through a journal.
+//! - kind 3, a retirement: `count (u32) | record ids (u64 each)`: those chunks are durable
+//!   in their shards (possibly overwritten since), and replay must not bring them back.
 //!
 //! A record whose header or checksum does not hold ends the segment: it is the torn tail of
 //! a write whose fsync never returned.
@@ -19,6 +22,7 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SRJ1");
 pub const HEADER: usize = 16;
 const LAYOUT: u8 = 1;
 const CHUNK: u8 = 2;
+const RETIRE: u8 = 3;
 /// No record is larger: a chunk is at most 4 GiB, a layout far less.
 const MAX_PAYLOAD: u64 = (4 << 30) + (1 << 20);
 
@@ -32,8 +36,12 @@ pub enum Record {
     },
     Chunk {
         layout: u32,
+        id: u64,
         coords: Vec<u64>,
         data: Bytes,
+    },
+    Retire {
+        ids: Vec<u64>,
     },
 }
 
@@ -51,10 +59,11 @@ pub fn encode_layout(id: u32, array: &str, meta: &[u8]) -> Vec<u8> {
 
 /// A chunk record as buffers: header and fixed part in the first, then `data` as it is
 /// (the segments the kernel delivered, not joined).
-pub fn encode_chunk(layout: u32, coords: &[u64], data: &[Bytes]) -> Vec<Bytes> {
-    let mut fixed = Vec::with_capacity(8 + 8 * coords.len());
+pub fn encode_chunk(layout: u32, id: u64, coords: &[u64], data: &[Bytes]) -> Vec<Bytes> {
+    let mut fixed = Vec::with_capacity(16 + 8 * coords.len());
     fixed.extend_from_slice(&layout.to_le_bytes());
     fixed.extend_from_slice(&(coords.len() as u32).to_le_bytes());
+    fixed.extend_from_slice(&id.to_le_bytes());
     for c in coords {
         fixed.extend_from_slice(&c.to_le_bytes());
     }
@@ -69,6 +78,18 @@ pub fn encode_chunk(layout: u32, coords: &[u64], data: &[Bytes]) -> Vec<Bytes> {
     let mut out = Vec::with_capacity(data.len() + 1);
     out.push(Bytes::from(first));
     out.extend(data.iter().filter(|d| !d.is_empty()).cloned());
+    out
+}
+
+/// A retirement record for `ids`.
+pub fn encode_retire(ids: &[u64]) -> Vec<u8> {
+    let mut payload = Vec::with_capacity(4 + 8 * ids.len());
+    payload.extend_from_slice(&(ids.len() as u32).to_le_bytes());
+    for id in ids {
+        payload.extend_from_slice(&id.to_le_bytes());
+    }
+    let mut out = header(RETIRE, payload.len() as u64, crc32c::crc32c(&payload));
+    out.extend_from_slice(&payload);
     out
 }
 
@@ -95,6 +116,12 @@ pub fn decode_all(bytes: &Bytes) -> (Vec<Record>, usize) {
 
 fn u32_at(b: &[u8], at: usize) -> Option<u32> {
     Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+
+fn u64s(b: &[u8]) -> Vec<u64> {
+    b.chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+        .collect()
 }
 
 fn decode_one(bytes: &Bytes, at: usize) -> Option<(Record, usize)> {
@@ -125,17 +152,19 @@ fn decode_one(bytes: &Bytes, at: usize) -> Option<(Record, usize)> {
         CHUNK => {
             let layout = u32_at(payload, 0)?;
             let ndim = u32_at(payload, 4)? as usize;
-            let end = 8usize.checked_add(ndim.checked_mul(8)?)?;
-            let coords = payload
-                .get(8..end)?
-                .chunks_exact(8)
-                .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
-                .collect();
+            let id = u64::from_le_bytes(payload.get(8..16)?.try_into().ok()?);
+            let end = 16usize.checked_add(ndim.checked_mul(8)?)?;
             Record::Chunk {
                 layout,
-                coords,
+                id,
+                coords: u64s(payload.get(16..end)?),
                 data: bytes.slice(start + end..start + len),
             }
+        }
+        RETIRE => {
+            let n = u32_at(payload, 0)? as usize;
+            let ids = payload.get(4..4usize.checked_add(n.checked_mul(8)?)?)?;
+            Record::Retire { ids: u64s(ids) }
         }
         _ => return None,
     };
@@ -154,11 +183,12 @@ mod tests {
     fn records_round_trip_and_a_torn_tail_ends_the_segment() {
         let mut seg = encode_layout(7, "a/b", br#"{"x":1}"#);
         let data = [Bytes::from_static(b"hello "), Bytes::from_static(b"world")];
-        seg.extend(join(encode_chunk(7, &[1, 2], &data)));
-        seg.extend(join(encode_chunk(7, &[], &[])));
+        seg.extend(join(encode_chunk(7, 1, &[1, 2], &data)));
+        seg.extend(join(encode_chunk(7, 2, &[], &[])));
+        seg.extend(encode_retire(&[1, 2]));
         let whole = seg.len();
         // A torn record after the good ones: its checksum cannot hold.
-        let mut torn = join(encode_chunk(7, &[3, 4], &[Bytes::from_static(b"lost")]));
+        let mut torn = join(encode_chunk(7, 3, &[3, 4], &[Bytes::from_static(b"lost")]));
         torn.truncate(torn.len() - 2);
         seg.extend(torn);
         let (records, valid) = decode_all(&Bytes::from(seg));
@@ -173,21 +203,24 @@ mod tests {
                 },
                 Record::Chunk {
                     layout: 7,
+                    id: 1,
                     coords: vec![1, 2],
                     data: Bytes::from_static(b"hello world")
                 },
                 Record::Chunk {
                     layout: 7,
+                    id: 2,
                     coords: vec![],
                     data: Bytes::new()
                 },
+                Record::Retire { ids: vec![1, 2] },
             ]
         );
     }
 
     #[test]
     fn a_flipped_byte_anywhere_stops_decoding_there() {
-        let rec = join(encode_chunk(1, &[5], &[Bytes::from_static(b"abcdef")]));
+        let rec = join(encode_chunk(1, 9, &[5], &[Bytes::from_static(b"abcdef")]));
         for i in 0..rec.len() {
             let mut bad = rec.clone();
             bad[i] ^= 0x40;

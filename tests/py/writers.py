@@ -135,6 +135,26 @@ def counted(root, out):
     print("ok")
 
 
+def ts_counted(root, out):
+    """tensorstore with its defaults (a lock file, fsync of every chunk file and its
+    directory), chunk by chunk and whole-array; every chunk non-empty, so every shard
+    completes: 64x64 in 16x16 chunks (4 shards of 2x2) and 32x32 in 8x8 chunks (1 shard of
+    4x4) written whole."""
+    shape, chunks = (64, 64), (16, 16)
+    data = sample(shape, "uint8", 31, holes=False)
+    t = ts.open(ts_spec(os.path.join(root, "ts_counted"), shape, chunks, "uint8"),
+                create=True, delete_existing=True).result()
+    for r in regions(shape, chunks):
+        t[r].write(data[r]).result()
+    save(out, "ts_counted", data)
+    whole = sample((32, 32), "uint8", 32, holes=False)
+    t = ts.open(ts_spec(os.path.join(root, "ts_counted_whole"), (32, 32), (8, 8), "uint8"),
+                create=True, delete_existing=True).result()
+    t[...] = whole
+    save(out, "ts_counted_whole", whole)
+    print("ok")
+
+
 def sparse(root, out):
     """Skipping empty chunks: some shards never see all their positions written."""
     shape, chunks = (64, 64), (16, 16)
@@ -211,6 +231,6 @@ def fill_up(root, out):
 
 if __name__ == "__main__":
     scenario, root, out = sys.argv[1:4]
-    {"zarr-python": zarr_python, "tensorstore": tensorstore, "counted": counted,
+    {"zarr-python": zarr_python, "tensorstore": tensorstore, "counted": counted, "ts-counted": ts_counted,
      "sparse": sparse, "fill-up": fill_up, "hierarchy": hierarchy,
      "check-hierarchy": check_hierarchy, "spread": spread}[scenario](root, out)

@@ -1,0 +1,211 @@
+//! The crash test, with the journal. A writer writes chunk by chunk with fsync (of the file,
+//! or of its directory); the daemon is killed with SIGKILL at a random moment (shard
+//! writes are in flight at random too: the idle time is short); half the time the next
+//! mount is killed as well, during its replay. After the final remount, every chunk whose
+//! fsync returned reads back exactly (or as a later round of the same chunk), and every
+//! shard passes `shardfs verify`.
+//!
+//! `cargo test --test crash -- --trials N [--seed S]` runs N trials (3 by default).
+
+mod common;
+
+use std::fs;
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::Rng;
+use common::mount::{Mounted, is_mounted};
+
+const LIMIT: Duration = Duration::from_secs(300);
+/// 8x8 chunks of 8x8 uint8 (64 bytes), 2x2 chunks per shard.
+const GRID: u64 = 8;
+const ARRAY: &str = r#"{"zarr_format":3,"node_type":"array","shape":[64,64],"data_type":"uint8",
+"chunk_grid":{"name":"regular","configuration":{"chunk_shape":[8,8]}},
+"chunk_key_encoding":{"name":"default","configuration":{"separator":"/"}},
+"fill_value":0,"codecs":[{"name":"bytes"}],"attributes":{}}"#;
+
+/// Round `r` of chunk `k`: the round, then the chunk's number, over 64 bytes.
+fn content(r: u64, k: u64) -> Vec<u8> {
+    let mut v = r.to_le_bytes().to_vec();
+    v.resize(64, k as u8);
+    v
+}
+
+/// Writes rounds of every chunk, in a random order, with fsync, until an error (the
+/// daemon is gone). `acked[k]` is the last round of chunk k whose fsync returned.
+fn writer(array: &Path, seed: u64, acked: &Mutex<Vec<u64>>) {
+    let mut rng = Rng::new(seed);
+    for r in 1.. {
+        let mut order: Vec<u64> = (0..GRID * GRID).collect();
+        for i in (1..order.len()).rev() {
+            order.swap(i, rng.below(i + 1));
+        }
+        for k in order {
+            let dir = array.join(format!("c/{}", k / GRID));
+            let file = dir.join((k % GRID).to_string());
+            let write = || -> std::io::Result<()> {
+                fs::create_dir_all(&dir)?;
+                let mut f = fs::File::create(&file)?;
+                f.write_all(&content(r, k))?;
+                if r % 3 == 0 {
+                    // As tensorstore does: close, then fsync the directory.
+                    drop(f);
+                    fs::File::open(&dir)?.sync_all()
+                } else {
+                    f.sync_all()
+                }
+            };
+            if write().is_err() {
+                return;
+            }
+            acked.lock().unwrap()[k as usize] = r;
+        }
+    }
+}
+
+fn kill9(pid: u32) {
+    let _ = Command::new("kill")
+        .arg("-KILL")
+        .arg(pid.to_string())
+        .status();
+}
+
+/// One trial; `Err` says what did not hold.
+fn trial(seed: u64) -> Result<String, String> {
+    let mut rng = Rng::new(seed);
+    let dir = tempfile::tempdir().unwrap();
+    let backing = dir.path().join("backing");
+    fs::create_dir(&backing).unwrap();
+    let idle = format!("{:.2}", 0.05 + rng.below(50) as f64 / 100.0);
+    let args = ["--chunks-per-shard", "2", "--idle-flush", idle.as_str()];
+    let m = Mounted::new(&backing, &args, LIMIT);
+    let array = m.path("a");
+    fs::create_dir(&array).unwrap();
+    fs::write(array.join("zarr.json"), ARRAY).unwrap();
+    let acked = Arc::new(Mutex::new(vec![0u64; (GRID * GRID) as usize]));
+    let w = {
+        let (array, acked) = (array.clone(), acked.clone());
+        std::thread::spawn(move || writer(&array, seed, &acked))
+    };
+    std::thread::sleep(Duration::from_millis(20 + rng.below(700) as u64));
+    kill9(m.pid);
+    w.join().unwrap();
+    m.wait_daemon_gone(Duration::from_secs(30));
+    let _ = m.unmount(&[]); // clears the dead mount
+    let mut what = format!(
+        "idle {idle}s, acked rounds {:?}",
+        acked.lock().unwrap().iter().max()
+    );
+    if rng.below(2) == 0 {
+        let delay = rng.below(60) as u64;
+        kill_during_replay(&backing, &m.mountpoint, delay);
+        what += &format!(", a replay killed after {delay} ms");
+    }
+    drop(m);
+    if let Some(keep) = std::env::var_os("SHARDFS_CRASH_KEEP") {
+        let keep = Path::new(&keep).join(format!("seed{seed}"));
+        let _ = Command::new("cp")
+            .arg("-a")
+            .arg(&backing)
+            .arg(&keep)
+            .status();
+        fs::write(
+            keep.join("acked.json"),
+            format!("{:?}", acked.lock().unwrap()),
+        )
+        .unwrap();
+    }
+    check(&backing, &args, &acked.lock().unwrap())?;
+    Ok(what)
+}
+
+/// Starts a mount in the foreground and kills it after `delay_ms` (during its replay, or
+/// just after), then clears whatever it left.
+fn kill_during_replay(backing: &Path, mountpoint: &Path, delay_ms: u64) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_shardfs"))
+        .args(["mount", "--foreground"])
+        .arg(backing)
+        .arg(mountpoint)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(delay_ms));
+    let _ = child.kill();
+    let _ = child.wait();
+    if is_mounted(mountpoint) {
+        let _ = Command::new("umount").arg("-l").arg(mountpoint).status();
+    }
+}
+
+/// The final mount: every acknowledged chunk reads back, and BACKING verifies.
+fn check(backing: &Path, args: &[&str], acked: &[u64]) -> Result<(), String> {
+    let m = Mounted::new(backing, args, LIMIT);
+    for (k, &r) in acked.iter().enumerate() {
+        let k = k as u64;
+        let path = m.path(&format!("a/c/{}/{}", k / GRID, k % GRID));
+        let got = fs::read(&path);
+        if r == 0 {
+            // Never acknowledged: absent, or some round of this chunk, never torn.
+            match got {
+                Err(_) => continue,
+                Ok(b) if b.len() == 64 && b[8..].iter().all(|&x| x == k as u8) => continue,
+                Ok(b) => return Err(format!("chunk {k}: torn content {b:?}")),
+            }
+        }
+        let b = got.map_err(|e| format!("chunk {k} (round {r} acknowledged) lost: {e}"))?;
+        let round = u64::from_le_bytes(b.get(..8).unwrap_or(&[0; 8]).try_into().unwrap());
+        if b.len() != 64 || round < r || b != content(round, k) {
+            return Err(format!(
+                "chunk {k}: round {r} acknowledged, found round {round} ({} bytes)",
+                b.len()
+            ));
+        }
+    }
+    let out = m.unmount(&[]);
+    if !out.status.success() {
+        return Err(format!("unmount: {}", common::stderr(&out)));
+    }
+    let v = common::shardfs(&["verify", backing.to_str().unwrap()]);
+    if v.status.code() != Some(0) {
+        return Err(format!("verify: {}", common::stdout(&v)));
+    }
+    Ok(())
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let value = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1))
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    // `cargo test` passes its own flags (--quiet, test filters): only ours are read.
+    if args.iter().any(|a| a == "--list") {
+        println!("crash_trials: test");
+        return;
+    }
+    let trials = value("--trials").unwrap_or(3);
+    let seed = value("--seed").unwrap_or(1);
+    let (mut passed, mut failed) = (0, 0);
+    for t in 0..trials {
+        match trial(seed + t) {
+            Ok(what) => {
+                passed += 1;
+                println!("crash trial {} (seed {}): ok ({what})", t + 1, seed + t);
+            }
+            Err(e) => {
+                failed += 1;
+                println!("crash trial {} (seed {}): FAILED: {e}", t + 1, seed + t);
+            }
+        }
+    }
+    println!("crash: {passed} passed, {failed} failed");
+    if failed > 0 {
+        std::process::exit(1);
+    }
+}
