@@ -720,3 +720,39 @@ assert b.chunks == (8, 8) and (b[...] == np.arange(64 * 64, dtype="uint16").resh
     python_ok("unsharded view after remount", read, &[&m.path("s")]);
     assert_ok(&m.unmount(&[]), "unmount");
 }
+
+#[test]
+fn a_full_journal_disk_fails_fsync_and_loses_nothing() {
+    let (d, _, _) = dirs();
+    let tmp = common::mount::Tmpfs::new(&d.path().join("small"), "1m");
+    let backing = tmp.0.clone();
+    let m = Mounted::new(
+        &backing,
+        &["--chunks-per-shard", "2", "--idle-flush", "600"],
+        LIMIT,
+    );
+    let a = m.path("a");
+    fs::create_dir(&a).unwrap();
+    fs::write(a.join("zarr.json"), array_json(2, 64)).unwrap();
+    // Fill what is left of the disk.
+    let mut filler = fs::File::create(backing.join("filler")).unwrap();
+    let block = vec![0u8; 64 * 1024];
+    while filler.write_all(&block).is_ok() {}
+    drop(filler);
+    fs::create_dir_all(a.join("c/0")).unwrap();
+    let mut f = fs::File::create(a.join("c/0/0")).unwrap();
+    f.write_all(&[5; 4096]).unwrap();
+    assert_eq!(errno_of(f.sync_all()), Some(libc::ENOSPC));
+    // Still pending, still readable; nothing acknowledged, nothing lost.
+    assert_eq!(fs::read(a.join("c/0/0")).unwrap(), vec![5; 4096]);
+    fs::remove_file(backing.join("filler")).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    let s = stats(&m);
+    assert_eq!(s["journaled_chunks"], 1, "{s}");
+    assert_ok(&m.unmount(&[]), "unmount");
+    let m = Mounted::new(&backing, &[], LIMIT);
+    assert_eq!(fs::read(m.path("a/c/0/0")).unwrap(), vec![5; 4096]);
+    drop(m);
+    drop(tmp);
+}

@@ -37,6 +37,18 @@ pub fn lock_name(name: &OsStr) -> OsString {
     n
 }
 
+/// How much of a replacement is made durable before `replace` returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// Nothing: the new file may sit in the page cache (nobody asked for more yet).
+    Later,
+    /// The new content, before it takes the key's name: a crash can never leave a torn
+    /// file where a whole one was (needed whenever an existing file is replaced).
+    DataBeforeRename,
+    /// Content and name both.
+    Now,
+}
+
 /// An exclusive lock on one key of BACKING, held until dropped.
 #[derive(Debug)]
 pub struct KeyLock {
@@ -89,16 +101,17 @@ impl Backing {
 }
 
 impl KeyLock {
-    /// Makes `buffers` the content of the key: written into the lock file, synced, renamed
-    /// onto the key. With `durable`, the directory is synced too. Returns the new file's
-    /// metadata.
-    pub fn replace(mut self, buffers: &[Bytes], durable: bool) -> io::Result<Metadata> {
+    /// Makes `buffers` the content of the key: written into the lock file, synced as
+    /// `durability` asks, renamed onto the key. Returns the new file's metadata.
+    pub fn replace(mut self, buffers: &[Bytes], durability: Durability) -> io::Result<Metadata> {
         let len: u64 = buffers.iter().map(|b| b.len() as u64).sum();
         // A stale, longer lock file left by a writer that died is cut to size.
         self.file.set_len(0)?;
         crate::shard::write_all_vectored(&mut self.file, buffers)?;
         debug_assert_eq!(self.file.metadata()?.len(), len);
-        self.file.sync_data()?;
+        if durability != Durability::Later {
+            self.file.sync_data()?;
+        }
         rustix::fs::renameat_with(
             &self.dir,
             self.lock_name.as_os_str(),
@@ -108,7 +121,7 @@ impl KeyLock {
         )
         .map_err(errno)?;
         self.done = true;
-        if durable {
+        if durability == Durability::Now {
             rustix::fs::fsync(&self.dir).map_err(errno)?;
         }
         self.file.metadata()

@@ -405,6 +405,25 @@ impl Backing {
         Ok(())
     }
 
+    /// Makes everything written to BACKING's file system durable (`syncfs`).
+    pub fn sync_fs(&self) -> io::Result<()> {
+        rustix::fs::syncfs(self.root_fd.as_fd())?;
+        Ok(())
+    }
+
+    /// fdatasync of the regular file at `rel` and fsync of its directory: the file's
+    /// content and name are durable. `Ok(false)` when nothing is there any more.
+    pub fn sync_file_and_dir(&self, rel: &Path) -> io::Result<bool> {
+        match self.open(rel) {
+            Ok(f) => f.sync_data()?,
+            Err(e) if is_absent(&e) => return Ok(false),
+            Err(e) => return Err(e),
+        }
+        let (dir, _) = split(rel)?;
+        self.sync_dir(dir)?;
+        Ok(true)
+    }
+
     /// `statvfs` of the file system holding BACKING.
     pub fn statvfs(&self) -> io::Result<rustix::fs::StatVfs> {
         Ok(rustix::fs::fstatvfs(self.root_fd.as_fd())?)

@@ -50,6 +50,7 @@ impl ShardFs {
                     .write_pending(&self.backing, &p, WriteMode::Everything);
             }
         }
+        let _ = self.shards.make_all_durable(&self.backing);
     }
 
     /// Makes the content of `files` durable: each one not yet in the journal at its
@@ -101,18 +102,21 @@ impl ShardFs {
         array: &Arc<ArrayState>,
         coords: &[u64],
     ) -> Result<(), FsError> {
+        let shard = array.layout.locate(coords).shard;
+        let this_shard = |a: &Path, s: &[u64], _| a == array.rel && s == shard.as_slice();
         let Some(journal) = self.shards.journal().cloned() else {
-            let shard = array.layout.locate(coords).shard;
-            return self
-                .shards
-                .write_shard(&self.backing, array, &shard, WriteMode::Everything);
+            self.shards
+                .write_shard(&self.backing, array, &shard, WriteMode::Everything)?;
+            return self.shards.make_durable(&self.backing, this_shard);
         };
         if let super::shards::ChunkData::Pending(file) =
             self.shards.chunk(&self.backing, array, coords)?
         {
             self.journal_files(&journal, &[(array.clone(), coords.to_vec(), file)])?;
         }
-        // Retirements too: a chunk already in its shard must not come back older.
+        // Already in its shard: that shard is made durable now, if it is not yet.
+        self.shards.make_durable(&self.backing, this_shard)?;
+        // Retirements too: a chunk in its shard must not come back older.
         journal.sync_all()?;
         Ok(())
     }
@@ -126,8 +130,10 @@ impl ShardFs {
     ) -> Result<(), FsError> {
         let cps = array.layout.chunks_per_shard();
         let prefix: Vec<u64> = node.prefix().iter().zip(cps).map(|(c, n)| c / n).collect();
+        let below = |a: &Path, s: &[u64], _| a == array.rel && s.starts_with(&prefix);
         let Some(journal) = self.shards.journal().cloned() else {
-            return self.write_pending_below(&array.rel, &prefix);
+            self.write_pending_below(&array.rel, &prefix)?;
+            return self.shards.make_durable(&self.backing, below);
         };
         let files: Vec<PendingChunk> = self
             .shards
@@ -136,6 +142,7 @@ impl ShardFs {
             .filter(|(_, coords, _)| coords.starts_with(node.prefix()))
             .collect();
         self.journal_files(&journal, &files)?;
+        self.shards.make_durable(&self.backing, below)?;
         journal.sync_all()?;
         Ok(())
     }

@@ -75,6 +75,11 @@ impl ShardFs {
         }
         let _ = self.relieve_memory();
         self.shards.evict_if_over();
+        // Shards written a while ago are made durable in the background, so that their
+        // journal records retire.
+        let _ = self.shards.make_durable(&self.backing, |_, _, since| {
+            now.duration_since(since) >= idle
+        });
         self.bound_journal();
     }
 
@@ -227,6 +232,14 @@ impl ShardFs {
                 let shard = self.backing.path(&p.array.shard_rel(&p.shard));
                 failed.push(format!("{}: {e}", shard.display()));
             }
+        }
+        // Everything written is made durable at once (one syncfs), and the journal's
+        // records of it retire.
+        if let Err(e) = self.shards.make_all_durable(&self.backing) {
+            failed.push(format!(
+                "{}: not made durable: {e}",
+                self.backing.root().display()
+            ));
         }
         *super::array::lock(&self.shards.stats.not_written) = failed.clone();
         failed

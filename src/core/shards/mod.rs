@@ -52,6 +52,16 @@ pub struct ShardRegistry {
     clock: AtomicU64,
     /// Where fsynced chunks are made durable, when the mount keeps a journal.
     journal: std::sync::OnceLock<Arc<crate::journal::Journal>>,
+    /// Shard files written (or removed) but not yet made durable, with the journal records
+    /// that wait on them.
+    unsynced: Mutex<BTreeMap<SlotKey, Unsynced>>,
+}
+
+#[derive(Debug)]
+struct Unsynced {
+    rel: PathBuf,
+    records: Vec<crate::journal::RecordRef>,
+    since: Instant,
 }
 
 impl Default for ShardRegistry {
@@ -145,6 +155,7 @@ impl ShardRegistry {
             cache_limit,
             clock: AtomicU64::new(0),
             journal: std::sync::OnceLock::new(),
+            unsynced: Mutex::default(),
         }
     }
 
@@ -212,6 +223,78 @@ impl ShardRegistry {
         if let Some(j) = self.journal() {
             j.retire(&records);
         }
+    }
+
+    /// A shard of `array` was written (or removed) without being made durable; `records`
+    /// wait on it.
+    fn note_unsynced(
+        &self,
+        array: &ArrayState,
+        shard: &[u64],
+        records: Vec<crate::journal::RecordRef>,
+    ) {
+        let mut unsynced = lock(&self.unsynced);
+        let entry = unsynced
+            .entry((array.rel.clone(), shard.to_vec()))
+            .or_insert_with(|| Unsynced {
+                rel: array.shard_rel(shard),
+                records: Vec::new(),
+                since: Instant::now(),
+            });
+        entry.records.extend(records);
+    }
+
+    /// Makes durable (file and directory synced) the shards written earlier that `pick`
+    /// names by array, shard and time written, and retires the records that waited on
+    /// them. A shard that fails stays to be made durable later.
+    pub fn make_durable(
+        &self,
+        backing: &Backing,
+        pick: impl Fn(&Path, &[u64], Instant) -> bool,
+    ) -> Result<(), FsError> {
+        let picked: Vec<(SlotKey, Unsynced)> = {
+            let mut unsynced = lock(&self.unsynced);
+            let keys: Vec<SlotKey> = unsynced
+                .iter()
+                .filter(|((a, s), u)| pick(a, s, u.since))
+                .map(|(k, _)| k.clone())
+                .collect();
+            keys.into_iter()
+                .filter_map(|k| unsynced.remove(&k).map(|u| (k, u)))
+                .collect()
+        };
+        let mut first_error = None;
+        for (key, u) in picked {
+            match backing.sync_file_and_dir(&u.rel) {
+                Ok(_) => self.retire(u.records),
+                Err(e) => {
+                    first_error.get_or_insert(FsError::from(e));
+                    let mut unsynced = lock(&self.unsynced);
+                    let back = unsynced.entry(key).or_insert(Unsynced {
+                        rel: u.rel,
+                        records: Vec::new(),
+                        since: u.since,
+                    });
+                    back.records.extend(u.records);
+                }
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Makes everything written durable at once (`syncfs`), and retires every record that
+    /// waited on it.
+    pub fn make_all_durable(&self, backing: &Backing) -> Result<(), FsError> {
+        let all = std::mem::take(&mut *lock(&self.unsynced));
+        if all.is_empty() {
+            return Ok(());
+        }
+        if let Err(e) = backing.sync_fs() {
+            lock(&self.unsynced).extend(all);
+            return Err(e.into());
+        }
+        self.retire(all.into_values().flat_map(|u| u.records).collect());
+        Ok(())
     }
 
     fn tick(&self) -> u64 {

@@ -17,6 +17,7 @@ use super::super::stats::Stats;
 use super::stored::{StoredIndex, open_shard};
 use super::{Failure, ShardRegistry, ShardSlot};
 use crate::backing::Backing;
+use crate::backing::lock::Durability;
 use crate::errno::ToErrno;
 use crate::shard::{IndexFormat, ShardBuilder, read_chunk_part};
 
@@ -131,9 +132,8 @@ impl ShardRegistry {
                 }
                 st.failure = None;
                 drop(st);
-                // The shard write was durable (file and directory synced): the records of
-                // what it holds are no longer needed.
-                self.retire(durable);
+                // The records of what it holds retire once the shard is durable.
+                self.note_unsynced(array, &slot.shard, durable);
                 // The new index counts against the cache (checked with no slot locked).
                 self.evict_if_over();
                 Ok(())
@@ -193,9 +193,15 @@ impl ShardJob<'_> {
                 .prune_empty_dirs(&dir, dir.ancestors().last().unwrap_or(&dir));
             return Ok(Written { stored: None });
         };
-        // Always with the directory synced: an fsync of the directory that comes after a
-        // write at completion finds nothing pending and must find it durable.
-        let meta = key.replace(encoded.buffers(), true)?;
+        // A sync costs only what was asked for: a shard that replaces one is synced before
+        // its rename (the old data must never be lost to a torn file); a new one is not.
+        // Either is made durable later, when a writer's fsync, the background pass or the
+        // unmount asks (`ShardRegistry::make_durable`).
+        let durability = match current {
+            Some(_) => Durability::DataBeforeRename,
+            None => Durability::Later,
+        };
+        let meta = key.replace(encoded.buffers(), durability)?;
         Stats::add(&reg.stats.shards_written, 1);
         Stats::add(&reg.stats.bytes_written, encoded.len());
         if self.mode != WriteMode::Complete {
