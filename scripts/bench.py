@@ -2,12 +2,17 @@
 
     bench.py read  --shardfs BIN --dir DIR [--runs N]
     bench.py write --shardfs BIN --dir DIR [--runs N]
+    bench.py fsync --shardfs BIN --dir DIR [--runs N]
 
 `read`: a 512^3 uint8 array, sharded, read whole: zarr-python and tensorstore natively from
 BACKING, and through the mount (the unsharded view). `write`: scenario S3 of
 shared/notes/anchors.md (512^3 uint8, 64^3 chunks, 512 chunks per shard, one 64^3 region at
 a time in C order): native unsharded, native sharded, and unsharded through the mount
-including the unmount. Medians of N runs; ratios are against the same run's native figures.
+including the unmount. `fsync`: tensorstore with its defaults (an fsync of every chunk file
+and its directory) in S1 (the whole 512^3 array at once, 128^3 chunks, 64 per shard), S2
+(384^3 chunk by chunk, 48^3 chunks, 512 per shard) and S3: native unsharded against the
+mount (the journal makes those fsyncs cheap), unmount included. Medians of N runs; ratios
+are against the same run's native figures.
 """
 
 import argparse
@@ -186,9 +191,78 @@ def bench_write(args):
     return results
 
 
+def ts_fsync_scenario(n, chunk, whole):
+    """tensorstore, defaults, writing an n^3 uint8 array in `chunk`^3 chunks: whole, or
+    one chunk-sized region at a time in C order."""
+    arr = np.random.default_rng(1).integers(0, 256, size=(n,) * 3, dtype=np.uint8)
+
+    def write(path):
+        t = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": path},
+                     "metadata": {"shape": [n] * 3, "data_type": "uint8",
+                                  "chunk_grid": {"name": "regular", "configuration": {
+                                      "chunk_shape": [chunk] * 3}},
+                                  "codecs": [{"name": "bytes",
+                                              "configuration": {"endian": "little"}}],
+                                  "fill_value": 0}},
+                    create=True, delete_existing=True).result()
+        if whole:
+            t[...] = arr
+            return
+        for i in range(0, n, chunk):
+            for j in range(0, n, chunk):
+                for k in range(0, n, chunk):
+                    t[i:i + chunk, j:j + chunk, k:k + chunk].write(
+                        arr[i:i + chunk, j:j + chunk, k:k + chunk]).result()
+    return write
+
+
+def bench_fsync(args):
+    scenarios = {"S1 whole 512^3, 128^3 chunks, 64 per shard": (512, 128, True, "4"),
+                 "S2 384^3 chunk by chunk, 48^3 chunks, 512 per shard": (384, 48, False, "8"),
+                 "S3 512^3 chunk by chunk, 64^3 chunks, 512 per shard": (512, 64, False, "8")}
+    results = {}
+    for name, (n, chunk, whole, cps) in scenarios.items():
+        write = ts_fsync_scenario(n, chunk, whole)
+        target = os.path.join(args.dir, "f")
+        mnt = os.path.join(args.dir, "mnt")
+
+        def clean():
+            shutil.rmtree(target, ignore_errors=True)
+            os.makedirs(target)
+
+        counts = []
+
+        def through_mount():
+            m = Mount(args.shardfs, target, mnt, ["--chunks-per-shard", cps])
+            try:
+                write(os.path.join(mnt, "a"))
+                counts.append(json.loads(subprocess.run(
+                    [args.shardfs, "stats", mnt], check=True, capture_output=True,
+                    text=True).stdout))
+            finally:
+                m.unmount()
+
+        # Interleaved, so that the machine's moods fall on both alike.
+        native, mounted = [], []
+        for _ in range(args.runs):
+            native.append(median_time(lambda: write(os.path.join(target, "a")), 1, clean)[0])
+            mounted.append(median_time(through_mount, 1, clean)[0])
+        row = {"native_unsharded_s": statistics.median(native),
+               "mount_s": statistics.median(mounted),
+               "native_runs": native, "mount_runs": mounted,
+               "shard_writes": [c.get("shards_written") for c in counts],
+               "merges": [c.get("merges") for c in counts],
+               "journaled_chunks": [c.get("journaled_chunks") for c in counts],
+               "group_commits": [c.get("group_commits") for c in counts]}
+        row["ratio_vs_native_unsharded"] = row["mount_s"] / row["native_unsharded_s"]
+        results[name] = row
+        print(json.dumps({name: row}), file=sys.stderr, flush=True)
+    return results
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("what", choices=["read", "write"])
+    p.add_argument("what", choices=["read", "write", "fsync"])
     p.add_argument("--shardfs", required=True)
     p.add_argument("--dir", default=None)
     p.add_argument("--runs", type=int, default=5)
@@ -198,7 +272,8 @@ def main():
     if own_dir:
         args.dir = tempfile.mkdtemp(prefix="shardfs-bench-", dir="/var/tmp")
     try:
-        results = bench_read(args) if args.what == "read" else bench_write(args)
+        run = {"read": bench_read, "write": bench_write, "fsync": bench_fsync}[args.what]
+        results = run(args)
     finally:
         if own_dir:
             shutil.rmtree(args.dir, ignore_errors=True)

@@ -2,6 +2,7 @@
 # Benchmarks (not tests): shardfs against the native writers, in one run.
 #   scripts/bench.sh read  [--runs N]    reading a 512^3 array through the mount vs natively
 #   scripts/bench.sh write [--runs N]    scenario S3 (chunk-by-chunk writes) through the mount
+#   scripts/bench.sh fsync [--runs N]    tensorstore with its fsyncs, S1-S3 (the journal)
 # Prints JSON with medians and ratios. Uses the venv of scripts/test.sh (created if needed).
 set -euo pipefail
 cd "$(dirname "$0")/.."

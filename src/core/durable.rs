@@ -61,20 +61,22 @@ impl ShardFs {
         files: &[PendingChunk],
     ) -> Result<(), FsError> {
         let mut taken = Vec::new();
+        let mut metas: Vec<(&Arc<ArrayState>, Vec<u8>)> = Vec::new();
         for (array, coords, file) in files {
-            let snap = file.snapshot();
-            if snap.journaled == Some(snap.version) || snap.retired {
+            if !file.needs_journal() {
                 continue;
             }
-            let meta = Node::Array(array.meta.clone()).to_json_bytes();
-            taken.push((
-                array,
-                coords,
-                file,
-                snap.version,
-                snap.data.segments(),
-                meta,
-            ));
+            let (version, segments) = file.content();
+            // The layout as stored, serialized once per array in this call.
+            let meta = match metas.iter().find(|(a, _)| Arc::ptr_eq(a, array)) {
+                Some((_, m)) => m.clone(),
+                None => {
+                    let m = Node::Array(array.meta.clone()).to_json_bytes();
+                    metas.push((array, m.clone()));
+                    m
+                }
+            };
+            taken.push((array, coords, file, version, segments, meta));
         }
         let entries: Vec<Entry> = taken
             .iter()

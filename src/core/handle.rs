@@ -106,9 +106,16 @@ impl FileHandle {
 }
 
 #[derive(Debug)]
+pub struct DirHandle {
+    pub ino: Ino,
+    pub listing: std::sync::OnceLock<Arc<Vec<ListEntry>>>,
+}
+
+#[derive(Debug)]
 pub enum Handle {
-    /// A directory listing taken at `opendir`.
-    Dir(Arc<Vec<ListEntry>>),
+    /// An open directory: its listing is taken at the first `readdir` and served from that
+    /// snapshot (an open for fsync alone, as tensorstore does, costs no listing).
+    Dir(DirHandle),
     File(FileHandle),
 }
 

@@ -12,7 +12,7 @@ use super::array::{ArrayState, lock};
 use super::attr::Attr;
 use super::classify::DirClass;
 use super::error::FsError;
-use super::handle::{FileHandle, Handle, ListEntry, read_full_at};
+use super::handle::{DirHandle, FileHandle, Handle, ListEntry, read_full_at};
 use super::inode::{FileType, Ino, NodeInfo, NodeKind, ROOT};
 use super::memfile::{FileData, MemFile};
 use super::shards::ChunkData;
@@ -416,6 +416,21 @@ impl ShardFs {
     /// Opens a directory: its listing is taken now and served from this snapshot.
     pub fn opendir(&self, ino: Ino) -> Result<u64, FsError> {
         let info = self.node(ino)?;
+        if !matches!(
+            info.kind,
+            NodeKind::Dir | NodeKind::ArrayDir(_) | NodeKind::ChunkDir { .. }
+        ) {
+            return Err(FsError::NotDir);
+        }
+        Ok(self.handles.insert(Handle::Dir(DirHandle {
+            ino,
+            listing: std::sync::OnceLock::new(),
+        })))
+    }
+
+    /// The listing of directory `ino` as it is now.
+    fn listing(&self, ino: Ino) -> Result<Vec<ListEntry>, FsError> {
+        let info = self.node(ino)?;
         let mut entries = vec![
             ListEntry::new(".", FileType::Dir),
             ListEntry::new("..", FileType::Dir),
@@ -450,7 +465,7 @@ impl ShardFs {
                 entries.push(ListEntry::new(&name, FileType::File));
             }
         }
-        Ok(self.handles.insert(Handle::Dir(Arc::new(entries))))
+        Ok(entries)
     }
 
     fn key_listing(
@@ -534,10 +549,15 @@ impl ShardFs {
 
     /// The snapshot entries of an open directory.
     pub fn readdir(&self, fh: u64) -> Result<Arc<Vec<ListEntry>>, FsError> {
-        match self.handles.get(fh)?.as_ref() {
-            Handle::Dir(entries) => Ok(entries.clone()),
-            Handle::File(_) => Err(FsError::NotDir),
+        let handle = self.handles.get(fh)?;
+        let Handle::Dir(dir) = handle.as_ref() else {
+            return Err(FsError::NotDir);
+        };
+        if let Some(listing) = dir.listing.get() {
+            return Ok(listing.clone());
         }
+        let listing = Arc::new(self.listing(dir.ino)?);
+        Ok(dir.listing.get_or_init(|| listing).clone())
     }
 
     pub fn releasedir(&self, fh: u64) {

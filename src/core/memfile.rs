@@ -241,6 +241,23 @@ impl MemFile {
         Vec::new()
     }
 
+    /// Whether its current content still has to go to the journal (cheap: no snapshot).
+    pub fn needs_journal(&self) -> bool {
+        let s = lock(&self.state);
+        !s.retired && s.journaled != Some(s.version)
+    }
+
+    /// Whether some version of it is in the journal.
+    pub fn is_journaled(&self) -> bool {
+        lock(&self.state).journaled.is_some()
+    }
+
+    /// The current content as segments and its version, for a journal record.
+    pub fn content(&self) -> (u64, Vec<bytes::Bytes>) {
+        let s = lock(&self.state);
+        (s.version, s.data.segments())
+    }
+
     /// Takes the journal records of this file (it is durable in its shard, or replaced).
     pub fn take_records(&self) -> Vec<crate::journal::RecordRef> {
         std::mem::take(&mut lock(&self.state).records)
