@@ -295,16 +295,6 @@ impl ShardFs {
     /// Writes every pending shard of the arrays at `dir` (whatever layout each chunk was
     /// written under).
     pub(crate) fn flush_array_at(&self, dir: &Path) -> Result<(), FsError> {
-        let mut first_error = None;
-        for p in self.shards.pending() {
-            if p.array.rel == dir
-                && let Err(e) = self
-                    .shards
-                    .write_pending(&self.backing, &p, WriteMode::Everything)
-            {
-                first_error.get_or_insert(e);
-            }
-        }
-        first_error.map_or(Ok(()), Err)
+        self.write_pending_below(dir, &[])
     }
 }
