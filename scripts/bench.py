@@ -5,8 +5,8 @@
     bench.py fsync --shardfs BIN --dir DIR [--runs N]
 
 `read`: a 512^3 uint8 array, sharded, read whole: zarr-python and tensorstore natively from
-BACKING, and through the mount (the unsharded view). `write`: scenario S3 of
-shared/notes/anchors.md (512^3 uint8, 64^3 chunks, 512 chunks per shard, one 64^3 region at
+BACKING, and through the mount (the unsharded view). `write`: scenario S3 (512^3 uint8,
+64^3 chunks, 512 chunks per shard, one 64^3 region at
 a time in C order): native unsharded, native sharded, and unsharded through the mount
 including the unmount. `fsync`: tensorstore with its defaults (an fsync of every chunk file
 and its directory) in S1 (the whole 512^3 array at once, 128^3 chunks, 64 per shard), S2
