@@ -21,7 +21,6 @@ impl ToErrno for FsError {
             FsError::NotPermitted(_) => libc::EPERM,
             FsError::CrossDevice(_) => libc::EXDEV,
             FsError::Changed => libc::ESTALE,
-            FsError::NoMemory => libc::ENOMEM,
             FsError::TooBig(_) => libc::EFBIG,
             FsError::Busy(_) => libc::EBUSY,
             FsError::Failed(_, errno) => *errno,

@@ -313,11 +313,22 @@ fn with_array(
     std::path::PathBuf,
 ) {
     let (d, backing, _) = dirs();
-    let m = Mounted::new(&backing, args, LIMIT);
+    let (m, a) = mount_array(&backing, args, n, c);
+    (d, backing, m, a)
+}
+
+/// A mount of `backing` with `args`, in which array `a` (see `array_json`) is made.
+fn mount_array(
+    backing: &std::path::Path,
+    args: &[&str],
+    n: u64,
+    c: u64,
+) -> (Mounted, std::path::PathBuf) {
+    let m = Mounted::new(backing, args, LIMIT);
     let a = m.path("a");
     fs::create_dir(&a).unwrap();
     fs::write(a.join("zarr.json"), array_json(n, c)).unwrap();
-    (d, backing, m, a)
+    (m, a)
 }
 
 fn write_chunk(arr: &std::path::Path, i: u64, j: u64, bytes: &[u8]) -> std::io::Result<()> {
@@ -445,21 +456,16 @@ fn a_layout_change_writes_pending_chunks_under_their_layout_or_fails_with_ebusy(
 fn memory_pressure_bounds_open_files_and_returns_the_backing_error() {
     let (_d, backing, _) = dirs();
     let limit = 256 * 1024;
-    let m = Mounted::new(
-        &backing,
-        &[
-            "--chunks-per-shard",
-            "1",
-            "--idle-flush",
-            "600",
-            "--max-pending-memory",
-            &limit.to_string(),
-        ],
-        LIMIT,
-    );
-    let a = m.path("a");
-    fs::create_dir(&a).unwrap();
-    fs::write(a.join("zarr.json"), array_json(4, 1024)).unwrap();
+    let limit_arg = limit.to_string();
+    let args = [
+        "--chunks-per-shard",
+        "1",
+        "--idle-flush",
+        "600",
+        "--max-pending-memory",
+        limit_arg.as_str(),
+    ];
+    let (m, a) = mount_array(&backing, &args, 4, 1024);
     // Four chunk files held open, 1 MiB written to each: memory stays near the limit.
     let mut files: Vec<fs::File> = (0..4)
         .map(|j| {
@@ -501,21 +507,7 @@ fn memory_pressure_bounds_open_files_and_returns_the_backing_error() {
     // A backing store that cannot take the shards: the writer gets ENOSPC instead of
     // memory growing without bound.
     let tmp = common::mount::Tmpfs::new(&backing.join("../small"), "1m");
-    let m = Mounted::new(
-        &tmp.0,
-        &[
-            "--chunks-per-shard",
-            "1",
-            "--idle-flush",
-            "600",
-            "--max-pending-memory",
-            &limit.to_string(),
-        ],
-        LIMIT,
-    );
-    let a = m.path("a");
-    fs::create_dir(&a).unwrap();
-    fs::write(a.join("zarr.json"), array_json(4, 1024)).unwrap();
+    let (m, a) = mount_array(&tmp.0, &args, 4, 1024);
     fs::create_dir_all(a.join("c/0")).unwrap();
     let mut f = fs::File::create(a.join("c/0/0")).unwrap();
     let mut refused = None;

@@ -33,8 +33,6 @@ pub enum FsError {
     CrossDevice(&'static str),
     #[error("the file changed while it was being read; try again")]
     Changed,
-    #[error("no space for more pending data")]
-    NoMemory,
     #[error("file too large: {0}")]
     TooBig(String),
     #[error("busy: {0}")]

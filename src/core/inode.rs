@@ -291,14 +291,6 @@ impl InodeTable {
         Some(ino)
     }
 
-    /// Whether `ino` has no name left (unlinked while open).
-    pub fn nameless(&self, ino: Ino) -> bool {
-        lock(&self.inner)
-            .nodes
-            .get(&ino)
-            .is_some_and(|n| n.names.is_empty())
-    }
-
     /// Moves the name `from` of `ino` to `to`, with what it is now, detaching whatever had
     /// that name.
     pub fn rename(&self, ino: Ino, from: (Ino, &OsStr), to: (Ino, &OsStr), kind: NodeKind) {
@@ -431,7 +423,7 @@ mod link_tests {
         // The first name goes: the path follows the other one.
         t.detach(ROOT, OsStr::new("a"), None);
         assert_eq!(t.get(a).unwrap().rel, PathBuf::from("b"));
-        assert!(!t.nameless(a));
+        assert!(!t.get(a).unwrap().detached);
         t.rename(
             a,
             (ROOT, OsStr::new("b")),
@@ -440,7 +432,7 @@ mod link_tests {
         );
         assert_eq!(t.get(a).unwrap().rel, PathBuf::from("c"));
         t.detach(ROOT, OsStr::new("c"), None);
-        assert!(t.nameless(a) && t.get(a).unwrap().detached);
+        assert!(t.get(a).unwrap().detached);
         // A new file that reuses the BACKING inode number is a new inode.
         let d = t.lookup(ROOT, OsStr::new("d"), NodeKind::File, src);
         assert_ne!(d, a);
