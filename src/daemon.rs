@@ -352,7 +352,16 @@ pub fn run_foreground(config: &MountConfig, ready: Option<OwnedFd>) -> Result<()
     report("ok\n");
     drop(ready);
     let _ = notifier.set(session.notifier());
-    let result = session.run();
+    let result = match session.run() {
+        // The kernel tears the connection down at unmount; a thread that had just taken a
+        // request off its queue then reads ECONNABORTED instead of ENODEV. Either way the
+        // session is over, as asked.
+        Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) => {
+            info!("the connection ended while a request was being read");
+            Ok(())
+        }
+        r => r,
+    };
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     flusher.thread().unpark();
     let _ = flusher.join();

@@ -46,22 +46,43 @@ fn writer(array: &Path, seed: u64, acked: &Mutex<Vec<u64>>) {
         for k in order {
             let dir = array.join(format!("c/{}", k / GRID));
             let file = dir.join((k % GRID).to_string());
-            let write = || -> std::io::Result<()> {
+            let write = || -> std::io::Result<Option<fs::File>> {
                 fs::create_dir_all(&dir)?;
-                let mut f = fs::File::create(&file)?;
-                f.write_all(&content(r, k))?;
-                if r % 3 == 0 {
-                    // As tensorstore does: close, then fsync the directory.
-                    drop(f);
-                    fs::File::open(&dir)?.sync_all()
-                } else {
-                    f.sync_all()
+                match r % 3 {
+                    0 => {
+                        // Close, then fsync the directory.
+                        fs::write(&file, content(r, k))?;
+                        fs::File::open(&dir)?.sync_all()?;
+                        Ok(None)
+                    }
+                    1 => {
+                        // tensorstore's order: KEY.__lock written and fsynced, renamed onto
+                        // KEY, the directory fsynced; closed only after that (the ack).
+                        let lock = dir.join(format!("{}.__lock", k % GRID));
+                        let mut f = fs::OpenOptions::new()
+                            .write(true)
+                            .create(true)
+                            .truncate(false)
+                            .open(&lock)?;
+                        f.write_all(&content(r, k))?;
+                        f.sync_all()?;
+                        fs::rename(&lock, &file)?;
+                        fs::File::open(&dir)?.sync_all()?;
+                        Ok(Some(f))
+                    }
+                    _ => {
+                        let mut f = fs::File::create(&file)?;
+                        f.write_all(&content(r, k))?;
+                        f.sync_all()?;
+                        Ok(None)
+                    }
                 }
             };
-            if write().is_err() {
+            let Ok(still_open) = write() else {
                 return;
-            }
+            };
             acked.lock().unwrap()[k as usize] = r;
+            drop(still_open);
         }
     }
 }
@@ -167,7 +188,13 @@ fn check(backing: &Path, args: &[&str], acked: &[u64]) -> Result<(), String> {
     }
     let out = m.unmount(&[]);
     if !out.status.success() {
-        return Err(format!("unmount: {}", common::stderr(&out)));
+        let log = fs::read_to_string(&m.log).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(15).collect();
+        return Err(format!(
+            "unmount: {}\ndaemon log, last lines first:\n{}",
+            common::stderr(&out),
+            tail.join("\n")
+        ));
     }
     let v = common::shardfs(&["verify", backing.to_str().unwrap()]);
     if v.status.code() != Some(0) {

@@ -183,6 +183,9 @@ fn tensorstore_with_its_fsyncs_writes_each_shard_once() {
     // of a shard completes it, and its fsync then finds it written).
     assert!(s["journaled_chunks"].as_u64().unwrap() >= 8, "{s}");
     assert!(s["group_commits"].as_u64().unwrap() >= 1, "{s}");
+    // Every shard was new: its fsynced chunks went into its body, which became the shard,
+    // so that they were written once.
+    assert_eq!(s["shards_from_bodies"], 8, "{s}");
     assert_ok(&m.unmount(&[]), "unmount");
     check_backing(&backing, &out, &["ts_counted", "ts_counted_whole"]);
     // Every record retired once its shard was durable: no journal left.
@@ -648,14 +651,7 @@ fn a_killed_daemon_loses_only_what_was_never_synced() {
     b.sync_all().unwrap();
     drop(b);
     fs::write(arr.join("c/3/3"), chunk(3)).unwrap();
-    let kill = run_timeout(
-        std::process::Command::new("kill")
-            .arg("-KILL")
-            .arg(m.pid.to_string()),
-        CLIENT,
-    );
-    assert_ok(&kill, "kill");
-    m.wait_daemon_gone(Duration::from_secs(30));
+    m.kill_daemon();
     let cleared = m.unmount(&[]);
     assert_eq!(cleared.status.code(), Some(1));
     // The next mount replays the journal of the dead one: what was fsync'ed goes into its
@@ -676,4 +672,55 @@ fn a_killed_daemon_loses_only_what_was_never_synced() {
     ]
     .join("\n");
     python_ok("native read after the kill", &check, &[&backing.join("a")]);
+}
+
+#[test]
+fn a_chunk_renamed_in_then_its_directory_fsynced_survives_a_kill_before_close() {
+    // tensorstore's order: write KEY.__lock, fsync it, rename it onto KEY, fsync the
+    // directory, and close only then. Once the directory's fsync returns, the chunk is
+    // durable, though its file is still open.
+    let (_d, backing, _) = dirs();
+    let m = Mounted::new(
+        &backing,
+        &["--chunks-per-shard", "2", "--idle-flush", "600"],
+        LIMIT,
+    );
+    let arr = small_array(&m, "a");
+    fs::create_dir_all(arr.join("c/1")).unwrap();
+    let dir = fs::File::open(arr.join("c/1")).unwrap();
+    let tmp = arr.join("c/1/1.__lock");
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&tmp)
+        .unwrap();
+    f.write_all(&chunk(5)).unwrap();
+    f.sync_all().unwrap();
+    fs::rename(&tmp, arr.join("c/1/1")).unwrap();
+    dir.sync_all().unwrap();
+    assert_eq!(stats(&m)["live_records"], 1);
+    m.kill_daemon();
+    drop(f);
+    drop(dir);
+    assert_eq!(m.unmount(&[]).status.code(), Some(1));
+    // The shard was new: the chunk waits in its body, which the next mount replays.
+    let bodies: Vec<String> = files_below(&backing)
+        .into_iter()
+        .filter(|f| f.starts_with(".shardfs/journal/") && f.ends_with(".body"))
+        .collect();
+    assert_eq!(bodies.len(), 1, "{bodies:?}");
+    let again = Mounted::new(&backing, &["--chunks-per-shard", "2"], LIMIT);
+    assert_eq!(stats(&again)["replayed_records"], 1);
+    assert_ok(&again.unmount(&[]), "unmount after replay");
+    let v = shardfs_timeout(&["verify", backing.to_str().unwrap()], CLIENT);
+    assert_eq!(v.status.code(), Some(0), "{}", stdout(&v));
+    let check = "import sys, zarr\na = zarr.open_array(sys.argv[1], mode='r')\n\
+                 assert (a[16:32, 16:32] == 5).all()\nassert (a[0:16, :] == 0).all()";
+    python_ok("native read after the kill", check, &[&backing.join("a")]);
+    let left: Vec<String> = files_below(&backing)
+        .into_iter()
+        .filter(|f| f.starts_with(".shardfs/journal/") && !f.ends_with(".lock"))
+        .collect();
+    assert!(left.is_empty(), "journal files left after replay: {left:?}");
 }

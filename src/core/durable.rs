@@ -11,12 +11,9 @@ use super::ShardFs;
 use super::array::ArrayState;
 use super::error::FsError;
 use super::memfile::{FileData, MemFile};
-use super::shards::WriteMode;
+use super::shards::{PendingChunk, WriteMode};
 use crate::journal::{Entry, Journal};
 use crate::zarr::{KeyNode, Node, ShardLayout};
-
-/// A pending chunk to make durable: its array, coordinates and file.
-pub(crate) type PendingChunk = (Arc<ArrayState>, Vec<u64>, Arc<MemFile>);
 
 impl ShardFs {
     /// Begins a journal in BACKING: from now on fsync appends records instead of writing
@@ -60,9 +57,13 @@ impl ShardFs {
         journal: &Journal,
         files: &[PendingChunk],
     ) -> Result<(), FsError> {
+        // Chunks of new shards go into their shard's body; the rest into the shared journal.
+        let files = self
+            .shards
+            .journal_into_bodies(&self.backing, journal, files.to_vec())?;
         let mut taken = Vec::new();
         let mut metas: Vec<(&Arc<ArrayState>, Vec<u8>)> = Vec::new();
-        for (array, coords, file) in files {
+        for (array, coords, file) in &files {
             if !file.needs_journal() {
                 continue;
             }

@@ -161,6 +161,9 @@ pub struct MemState {
     pub journaled: Option<u64>,
     /// Journal records holding versions of this file, retired when it is in its shard.
     pub records: Vec<crate::journal::RecordRef>,
+    /// A writer asked for its content to be durable (fsync), before its name was: an fsync
+    /// of the directory it is renamed into must then include it, even while still open.
+    pub fsynced: bool,
 }
 
 impl MemFile {
@@ -175,6 +178,7 @@ impl MemFile {
                 touched: Some(Instant::now()),
                 journaled: None,
                 records: Vec::new(),
+                fsynced: false,
                 mode,
             }),
         }
@@ -270,6 +274,13 @@ impl MemFile {
 
     pub fn settled(&self) -> bool {
         lock(&self.state).unflushed == 0
+    }
+
+    /// Closed, or fsynced by its writer: content its writer stands by, which an fsync of
+    /// its directory makes durable.
+    pub fn durable_on_request(&self) -> bool {
+        let s = lock(&self.state);
+        s.unflushed == 0 || s.fsynced
     }
 }
 

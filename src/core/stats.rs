@@ -13,6 +13,9 @@ pub struct Stats {
     pub partial_writes: AtomicU64,
     /// Writes that had to read chunks back from the existing shard file.
     pub merges: AtomicU64,
+    /// Of the shards written, those made from their journal body (their fsynced chunks
+    /// were not written again).
+    pub shards_from_bodies: AtomicU64,
     /// Shard files removed because no chunk was left in them.
     pub shards_deleted: AtomicU64,
     pub bytes_written: AtomicU64,
@@ -35,6 +38,8 @@ pub struct StatsReport {
     pub shards_written: u64,
     pub partial_writes: u64,
     pub merges: u64,
+    #[serde(default)]
+    pub shards_from_bodies: u64,
     pub shards_deleted: u64,
     pub bytes_written: u64,
     pub write_errors: u64,
@@ -65,6 +70,7 @@ impl Stats {
             shards_written: get(&self.shards_written),
             partial_writes: get(&self.partial_writes),
             merges: get(&self.merges),
+            shards_from_bodies: get(&self.shards_from_bodies),
             shards_deleted: get(&self.shards_deleted),
             bytes_written: get(&self.bytes_written),
             write_errors: get(&self.write_errors),

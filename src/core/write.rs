@@ -285,9 +285,13 @@ impl ShardFs {
                 Ok(())
             }
             // A temporary file is only ever a step towards a rename; its durability comes
-            // with the chunk it becomes (written by the fsync of that chunk or its
-            // directory). Until then, nothing of it is promised.
-            NodeKind::Temp(_) => Ok(()),
+            // with the chunk it becomes, by the fsync of that chunk or of its directory (its
+            // name is not durable before either). That fsync must include it even while it
+            // is still open: tensorstore renames, fsyncs the directory, and closes last.
+            NodeKind::Temp(f) => {
+                f.with(|s| s.fsynced = true);
+                Ok(())
+            }
             NodeKind::File => {
                 if let Some(Ok(h)) = fh.map(|fh| self.handles.get(fh))
                     && let Handle::File(f) = h.as_ref()

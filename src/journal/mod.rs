@@ -13,6 +13,7 @@
 //! can take (its mount died, on this machine or another) and replays its records. The
 //! journal sits behind `Backing`, like everything else written to BACKING.
 
+pub mod body;
 pub mod record;
 
 use std::collections::BTreeMap;
@@ -105,6 +106,9 @@ pub struct Journal {
     current: Mutex<Current>,
     /// Every segment with live records (this mount's and adopted ones).
     segments: Mutex<BTreeMap<PathBuf, Segment>>,
+    /// Every body with live records, or still taking them (`body.rs`).
+    bodies: Mutex<BTreeMap<PathBuf, body::BodyEntry>>,
+    next_body: AtomicU64,
     sync: Mutex<SyncState>,
     synced_cv: Condvar,
     /// The OFD lock that tells other mounts this journal is alive.
@@ -133,6 +137,8 @@ impl Journal {
             id,
             current: Mutex::new(first),
             segments: Mutex::new(BTreeMap::new()),
+            bodies: Mutex::new(BTreeMap::new()),
+            next_body: AtomicU64::new(0),
             sync: Mutex::default(),
             synced_cv: Condvar::new(),
             _alive: alive,
@@ -224,6 +230,15 @@ impl Journal {
         Ok((refs, seq))
     }
 
+    /// Reserves `n` record ids (they grow through the whole journal, bodies included, so
+    /// that replay can put records of several files back in the order they were written).
+    fn take_ids(&self, n: u64) -> u64 {
+        let mut cur = lock(&self.current);
+        let first = cur.next_id;
+        cur.next_id += n;
+        first
+    }
+
     /// Closes the current segment (durably: its records may not have been synced yet) and
     /// begins the next one.
     fn rotate(&self, cur: &mut Current) -> io::Result<()> {
@@ -274,6 +289,14 @@ impl Journal {
         if refs.is_empty() {
             return;
         }
+        let (in_bodies, refs): (Vec<&RecordRef>, Vec<&RecordRef>) =
+            refs.iter().partition(|r| body::is_body(&r.segment));
+        // Bodies first: a retirement below may let a segment go that only a body's removal
+        // makes safe to lose.
+        if let Err(e) = self.retire_body_records(&in_bodies) {
+            warn!("journal body not removed: {e}");
+            return;
+        }
         let own: Vec<u64> = refs
             .iter()
             .filter(|r| journal_id(&r.segment).as_deref() == Some(self.id.as_str()))
@@ -289,7 +312,7 @@ impl Journal {
         }
         {
             let mut segs = lock(&self.segments);
-            for r in refs {
+            for r in &refs {
                 if let Some(seg) = segs.get_mut(&r.segment) {
                     seg.live = seg.live.saturating_sub(1);
                 }
@@ -344,7 +367,12 @@ impl Journal {
         if let Err(e) = self.backing.remove_file(path) {
             warn!(segment = %path.display(), "journal segment not removed: {e}");
         }
-        // A dead mount's journal whose last segment went: its lock file goes too.
+        self.forget_dead_lock(path);
+    }
+
+    /// A dead mount's journal whose last file went (segment or body): its lock file goes
+    /// too.
+    fn forget_dead_lock(&self, path: &Path) {
         if let Some(id) = journal_id(path)
             && id != self.id
             && !self.has_segments_of(&id)
@@ -356,15 +384,23 @@ impl Journal {
     }
 
     fn has_segments_of(&self, id: &str) -> bool {
-        lock(&self.segments)
-            .keys()
-            .any(|p| journal_id(p).as_deref() == Some(id))
+        let of = |p: &PathBuf| journal_id(p).as_deref() == Some(id);
+        lock(&self.segments).keys().any(of) || lock(&self.bodies).keys().any(of)
     }
 
     /// At a clean end: when no record is live, this journal's files go.
     pub fn close(&self) {
-        if lock(&self.segments).values().any(|s| s.live > 0) {
+        if lock(&self.segments).values().any(|s| s.live > 0)
+            || lock(&self.bodies).values().any(|b| b.live > 0)
+        {
             return;
+        }
+        // Bodies begun for chunks that never got into them.
+        let empty: Vec<PathBuf> = std::mem::take(&mut *lock(&self.bodies))
+            .into_keys()
+            .collect();
+        for path in empty {
+            let _ = self.backing.remove_file(&path);
         }
         let current = lock(&self.current).path.clone();
         let _ = self.backing.remove_file(&current);
@@ -373,16 +409,24 @@ impl Journal {
             .remove_file(&Path::new(JOURNAL_DIR).join(format!("{}.lock", self.id)));
     }
 
-    /// Bytes held by segments with live records.
+    /// Bytes held by segments with live records, and by bodies.
     pub fn bytes(&self) -> u64 {
-        lock(&self.segments).values().map(|s| s.bytes).sum()
+        let bodies: u64 = lock(&self.bodies).values().map(|b| b.bytes).sum();
+        lock(&self.segments).values().map(|s| s.bytes).sum::<u64>() + bodies
     }
 
     pub fn report(&self) -> JournalReport {
+        let (body_bytes, body_live) = {
+            let bodies = lock(&self.bodies);
+            (
+                bodies.values().map(|b| b.bytes).sum::<u64>(),
+                bodies.values().map(|b| b.live).sum::<u64>(),
+            )
+        };
         let segs = lock(&self.segments);
         JournalReport {
-            journal_bytes: segs.values().map(|s| s.bytes).sum(),
-            live_records: segs.values().map(|s| s.live).sum(),
+            journal_bytes: segs.values().map(|s| s.bytes).sum::<u64>() + body_bytes,
+            live_records: segs.values().map(|s| s.live).sum::<u64>() + body_live,
             group_commits: self.group_commits.load(Ordering::Relaxed),
             journaled_chunks: self.journaled_chunks.load(Ordering::Relaxed),
             replayed_records: self.replayed_records.load(Ordering::Relaxed),
@@ -428,17 +472,28 @@ impl Journal {
         self.replayed_records
             .fetch_add(out.len() as u64, Ordering::Relaxed);
         self.retire_empty();
+        // Bodies with nothing live in them (begun, never appended to) go now.
+        self.retire_body_records(&[])?;
         Ok(out)
     }
 
     fn read_journal(&self, id: &str, out: &mut Vec<Replayed>) -> io::Result<()> {
+        let first = out.len();
+        self.read_files(id, out)?;
+        // Segments and bodies interleave in time: ids tell the order written.
+        out[first..].sort_by_key(|r| r.record.id);
+        Ok(())
+    }
+
+    fn read_files(&self, id: &str, out: &mut Vec<Replayed>) -> io::Result<()> {
         let dir = Path::new(JOURNAL_DIR);
         let mut names: Vec<String> = self
             .backing
             .list(dir)?
             .into_iter()
             .filter_map(|e| e.name.into_string().ok())
-            .filter(|n| n.starts_with(&format!("{id}.")) && n.ends_with(".seg"))
+            .filter(|n| n.starts_with(&format!("{id}.")))
+            .filter(|n| n.ends_with(".seg") || n.ends_with(".body"))
             .collect();
         names.sort();
         let mut segments = Vec::new();
@@ -493,6 +548,15 @@ impl Journal {
                     }
                     record::Record::Retire { .. } => {}
                 }
+            }
+            if body::is_body(&path) {
+                let entry = body::BodyEntry {
+                    live: chunks,
+                    bytes: valid as u64,
+                    finished: true,
+                };
+                lock(&self.bodies).insert(path, entry);
+                continue;
             }
             // Kept in order even with nothing live: its retirements may name records of
             // an earlier segment. Segments go oldest first (see `retire`).

@@ -176,6 +176,17 @@ impl Mounted {
     }
 
     /// Waits until the daemon has exited.
+    /// Kills the daemon with SIGKILL (a crash) and waits until it is gone.
+    pub fn kill_daemon(&self) {
+        let kill = Command::new("kill")
+            .arg("-KILL")
+            .arg(self.pid.to_string())
+            .status()
+            .unwrap();
+        assert!(kill.success(), "kill -KILL {}", self.pid);
+        self.wait_daemon_gone(Duration::from_secs(30));
+    }
+
     pub fn wait_daemon_gone(&self, limit: Duration) {
         let start = Instant::now();
         while self.daemon_alive() {

@@ -8,6 +8,7 @@
 //! from fsync, idleness, memory pressure and unmount. `write.rs` does the writing;
 //! `stored.rs` reads shard files.
 
+mod body;
 mod stored;
 mod write;
 
@@ -28,6 +29,7 @@ use crate::backing::Backing;
 use crate::grid;
 use crate::shard::IndexError;
 use crate::zarr::KeyNode;
+pub(crate) use body::PendingChunk;
 pub use stored::StoredChunk;
 use stored::{OpenShard, StoredIndex, open_shard};
 pub use write::{WriteMode, panic_text};
@@ -79,6 +81,8 @@ struct ShardSlot {
     state: Mutex<ShardState>,
     /// Held for the whole of a shard write: one shard, one writer at a time.
     writing: Mutex<()>,
+    /// Held while the shard's body is begun (`body.rs`), so that it has one.
+    body_init: Mutex<()>,
     last_used: AtomicU64,
 }
 
@@ -96,6 +100,10 @@ struct ShardState {
     superseded: BTreeMap<usize, Vec<crate::journal::RecordRef>>,
     last_change: Option<Instant>,
     failure: Option<Failure>,
+    /// The file fsynced chunks of this (new) shard are journaled into, and which versions
+    /// of which chunks it holds (`body.rs`).
+    body: Option<Arc<crate::journal::body::Body>>,
+    in_body: BTreeMap<usize, body::InBody>,
 }
 
 impl ShardState {
@@ -186,6 +194,7 @@ impl ShardRegistry {
                             shard: shard.to_vec(),
                             state: Mutex::default(),
                             writing: Mutex::default(),
+                            body_init: Mutex::default(),
                             last_used: AtomicU64::new(self.tick()),
                         });
                         if let Some(gone) = slots.insert(key, fresh.clone()) {
@@ -543,6 +552,8 @@ impl ShardRegistry {
         if let Some(m) = st.pending.get(&loc.pos).cloned() {
             if truncate {
                 let delta = m.change(|d| d.truncate(0)).unwrap_or(0);
+                // A new writer's content: an earlier writer's fsync does not cover it.
+                m.with(|s| s.fsynced = false);
                 self.charge(delta);
                 // Emptied for a new writer: not done until that writer closes it.
                 st.done.remove(&loc.pos);
@@ -725,13 +736,14 @@ impl ShardRegistry {
         }
     }
 
-    /// The pending chunks of `array` in shards below `shard_prefix` (only closed ones with
-    /// `settled_only`), with their coordinates.
+    /// The pending chunks of `array` in shards below `shard_prefix`, with their
+    /// coordinates; with `to_journal`, only those whose writer closed or fsynced them and
+    /// whose content is not in the journal yet (an fsync of their directory takes them).
     pub fn pending_files(
         &self,
         array: &Path,
         shard_prefix: &[u64],
-        settled_only: bool,
+        to_journal: bool,
     ) -> Vec<(Arc<ArrayState>, Vec<u64>, Arc<MemFile>)> {
         let slots: Vec<Arc<ShardSlot>> = lock(&self.slots)
             .range((array.to_path_buf(), vec![])..)
@@ -743,7 +755,7 @@ impl ShardRegistry {
         for slot in slots {
             let st = lock(&slot.state);
             for (pos, m) in &st.pending {
-                if settled_only && !m.settled() {
+                if to_journal && !(m.durable_on_request() && m.needs_journal()) {
                     continue;
                 }
                 let coords = slot.array.layout.chunk_coords(&slot.shard, *pos);
@@ -803,6 +815,7 @@ impl ShardRegistry {
     /// Drops everything of the array at `rel`, pending chunks included (an import that
     /// was undone: the chunks are back in their files).
     pub fn discard_array(&self, rel: &Path) {
+        let mut bodies = Vec::new();
         let mut slots = lock(&self.slots);
         slots.retain(|(r, _), slot| {
             if r != rel {
@@ -816,10 +829,18 @@ impl ShardRegistry {
             }
             let superseded = std::mem::take(&mut st.superseded);
             self.retire(superseded.into_values().flatten().collect());
+            st.in_body.clear();
+            bodies.push(st.body.take());
             st.pending.clear();
             st.deleted.clear();
             self.uncache(&mut st);
             false
         });
+        drop(slots);
+        // With no slot locked: a shard write holds its body's lock while it takes its
+        // slot's.
+        for body in bodies {
+            self.drop_body(body);
+        }
     }
 }

@@ -2,7 +2,7 @@
 //! new file, under the key lock (`crate::backing::lock`), so that other mounts and
 //! tensorstore writers sharing BACKING never lose a chunk to a concurrent merge.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -14,12 +14,17 @@ use super::super::array::lock;
 use super::super::error::FsError;
 use super::super::memfile::MemFile;
 use super::super::stats::Stats;
+use super::body::InBody;
 use super::stored::{StoredIndex, open_shard};
 use super::{Failure, ShardRegistry, ShardSlot};
 use crate::backing::Backing;
 use crate::backing::lock::Durability;
 use crate::errno::ToErrno;
-use crate::shard::{IndexFormat, ShardBuilder, read_chunk_part};
+use crate::journal::RecordRef;
+use crate::journal::body::Finishing;
+use crate::shard::{
+    ChunkRange, IndexFormat, IndexLocation, ShardBuilder, ShardIndex, read_chunk_part,
+};
 
 /// What a shard write includes. Every shard write is durable: file synced, then renamed,
 /// then its directory synced.
@@ -40,9 +45,44 @@ pub enum WriteMode {
 /// content taken, and that content.
 type Chosen = (usize, Arc<MemFile>, u64, Vec<Bytes>);
 
+/// What a shard write takes from its slot, under the slot's lock.
+struct Taken {
+    chosen: Vec<Chosen>,
+    deleted: BTreeSet<usize>,
+    /// Positions done when taken: a complete write ends their round.
+    done: BTreeSet<usize>,
+    cached: Option<StoredIndex>,
+}
+
+/// What goes into the new file (every pending chunk with `take_all`, else the settled
+/// ones), taken under the slot's lock; the I/O happens outside it. `None`: nothing to do.
+fn choose(slot: &ShardSlot, take_all: bool) -> Option<Taken> {
+    let st = lock(&slot.state);
+    let chosen: Vec<Chosen> = st
+        .pending
+        .iter()
+        .filter(|(_, m)| take_all || m.settled())
+        .map(|(pos, m)| {
+            let snap = m.snapshot();
+            (*pos, m.clone(), snap.version, snap.data.segments())
+        })
+        .collect();
+    if chosen.is_empty() && st.deleted.is_empty() {
+        return None;
+    }
+    Some(Taken {
+        chosen,
+        deleted: st.deleted.clone(),
+        done: st.done.clone(),
+        cached: st.stored.clone(),
+    })
+}
+
 /// What one shard write found and did.
 struct Written {
     stored: Option<StoredIndex>,
+    /// Made from the shard's body, and durable already.
+    from_body: bool,
 }
 
 impl ShardRegistry {
@@ -57,91 +97,106 @@ impl ShardRegistry {
         mode: WriteMode,
     ) -> Result<(), FsError> {
         let _writer = lock(&slot.writing);
-        let array = &slot.array;
-        let rel = array.shard_rel(&slot.shard);
-        // What goes into the new file, taken under the lock; the I/O happens outside it.
-        let (chosen, deleted, done, cached) = {
-            let st = lock(&slot.state);
-            let chosen: Vec<Chosen> = st
-                .pending
-                .iter()
-                .filter(|(_, m)| {
-                    matches!(mode, WriteMode::Everything | WriteMode::Replace) || m.settled()
-                })
-                .map(|(pos, m)| {
-                    let snap = m.snapshot();
-                    (*pos, m.clone(), snap.version, snap.data.segments())
-                })
-                .collect();
-            if chosen.is_empty() && st.deleted.is_empty() {
-                return Ok(());
-            }
-            (
-                chosen,
-                st.deleted.clone(),
-                st.done.clone(),
-                st.stored.clone(),
-            )
+        let journal = self.journal().cloned();
+        // The shard's body is taken first (no more appends), before the chunks are chosen:
+        // whatever an fsync put into it is then pending at the version chosen or later.
+        let body = lock(&slot.state).body.clone();
+        let mut finishing = match (&body, &journal) {
+            (Some(b), Some(j)) => Some(j.finish_body(b)),
+            _ => None,
         };
-        let format = array.layout.index.clone();
+        let in_body = match finishing {
+            Some(_) => {
+                let mut st = lock(&slot.state);
+                st.body = None;
+                std::mem::take(&mut st.in_body)
+            }
+            None => Default::default(),
+        };
+        // A body is consumed whole: a write that uses it takes every pending chunk, open or
+        // not, since any of them may have fsynced content in it.
+        let take_all =
+            matches!(mode, WriteMode::Everything | WriteMode::Replace) || finishing.is_some();
+        let Some(taken) = choose(slot, take_all) else {
+            if let (Some(j), Some(f)) = (&journal, &finishing) {
+                j.body_abandoned(f);
+            }
+            return Ok(());
+        };
+        let rel = slot.array.shard_rel(&slot.shard);
+        let format = slot.array.layout.index.clone();
         let job = ShardJob {
             backing,
             rel: &rel,
             format: &format,
-            chosen: &chosen,
-            deleted: &deleted,
-            cached: cached.as_ref(),
+            chosen: &taken.chosen,
+            deleted: &taken.deleted,
+            cached: taken.cached.as_ref(),
             mode,
         };
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.run(self)))
-            .unwrap_or_else(|panic| {
-                Stats::add(&self.stats.panics, 1);
-                error!(shard = %backing.path(&rel).display(),
-                    "internal error while writing the shard; its chunks stay pending: {}",
-                    panic_text(&panic));
-                Err(FsError::Io(std::io::Error::other("internal error")))
-            });
-        let mut st = lock(&slot.state);
+        let result = self.contained(backing, &rel, || match finishing.as_mut() {
+            Some(f) => match job.run_body(self, f, &in_body)? {
+                Some(written) => Ok(written),
+                None => job.run(self),
+            },
+            None => job.run(self),
+        });
+        if let (Some(j), Some(f)) = (&journal, &finishing) {
+            match &result {
+                Ok(w) if w.from_body => j.body_consumed(f),
+                _ => j.body_abandoned(f),
+            }
+        }
+        drop(finishing);
+        self.after_write(backing, slot, &taken, mode, result)
+    }
+
+    /// Runs a shard write; a panic in it becomes an error (the chunks stay pending).
+    fn contained(
+        &self,
+        backing: &Backing,
+        rel: &Path,
+        write: impl FnOnce() -> Result<Written, FsError>,
+    ) -> Result<Written, FsError> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(write)).unwrap_or_else(|panic| {
+            Stats::add(&self.stats.panics, 1);
+            error!(shard = %backing.path(rel).display(),
+                "internal error while writing the shard; its chunks stay pending: {}",
+                panic_text(&panic));
+            Err(FsError::Io(std::io::Error::other("internal error")))
+        })
+    }
+
+    /// Books a shard write's outcome: what it wrote leaves the pending set (its records to
+    /// retire once durable), or the failure is recorded for the writers to hear of.
+    fn after_write(
+        &self,
+        backing: &Backing,
+        slot: &ShardSlot,
+        taken: &Taken,
+        mode: WriteMode,
+        result: Result<Written, FsError>,
+    ) -> Result<(), FsError> {
         match result {
             Ok(written) => {
-                let mut durable = Vec::new();
-                for (pos, m, version, _) in &chosen {
-                    // Retired under the file's own lock only if unchanged since the
-                    // snapshot; a writer that comes later finds it retired and starts again
-                    // from the shard just written.
-                    let current = st.pending.get(pos).is_some_and(|cur| Arc::ptr_eq(cur, m));
-                    if current && m.retire_at(*version) {
-                        st.pending.remove(pos);
-                        self.charge(-(m.len() as i64));
-                        durable.extend(m.take_records());
-                    }
-                    // What this content replaced is in the shard no more.
-                    durable.extend(st.superseded.remove(pos).unwrap_or_default());
+                let from_body = written.from_body;
+                let durable = self.settle_written(slot, taken, mode, written);
+                // The records of what it holds retire once the shard is durable: a shard
+                // made from its body already is.
+                if from_body {
+                    self.retire(durable);
+                } else {
+                    self.note_unsynced(&slot.array, &slot.shard, durable);
                 }
-                for pos in &deleted {
-                    durable.extend(st.superseded.remove(pos).unwrap_or_default());
-                }
-                for pos in &deleted {
-                    st.deleted.remove(pos);
-                }
-                self.set_stored(&mut st, written.stored);
-                if mode == WriteMode::Complete {
-                    // The round is over for what was done when it was taken; positions done
-                    // while the write was in flight belong to the next round.
-                    st.done.retain(|p| !done.contains(p));
-                }
-                st.failure = None;
-                drop(st);
-                // The records of what it holds retire once the shard is durable.
-                self.note_unsynced(array, &slot.shard, durable);
                 // The new index counts against the cache (checked with no slot locked).
                 self.evict_if_over();
                 Ok(())
             }
             Err(e) => {
                 Stats::add(&self.stats.write_errors, 1);
+                let rel = slot.array.shard_rel(&slot.shard);
                 warn!(shard = %backing.path(&rel).display(), "shard write failed, data kept in memory: {e}");
-                st.failure = Some(Failure {
+                lock(&slot.state).failure = Some(Failure {
                     errno: e.to_errno(),
                     message: e.to_string(),
                     at: Instant::now(),
@@ -149,6 +204,45 @@ impl ShardRegistry {
                 Err(e)
             }
         }
+    }
+
+    /// After a shard write: the chunks written (unless changed since) leave the pending
+    /// set, and the cached index is the new one. Returns the journal records that the
+    /// shard's durability retires.
+    fn settle_written(
+        &self,
+        slot: &ShardSlot,
+        taken: &Taken,
+        mode: WriteMode,
+        written: Written,
+    ) -> Vec<RecordRef> {
+        let mut st = lock(&slot.state);
+        let mut durable = Vec::new();
+        for (pos, m, version, _) in &taken.chosen {
+            // Retired under the file's own lock only if unchanged since the snapshot; a
+            // writer that comes later finds it retired and starts again from the shard just
+            // written.
+            let current = st.pending.get(pos).is_some_and(|cur| Arc::ptr_eq(cur, m));
+            if current && m.retire_at(*version) {
+                st.pending.remove(pos);
+                self.charge(-(m.len() as i64));
+                durable.extend(m.take_records());
+            }
+            // What this content replaced is in the shard no more.
+            durable.extend(st.superseded.remove(pos).unwrap_or_default());
+        }
+        for pos in &taken.deleted {
+            durable.extend(st.superseded.remove(pos).unwrap_or_default());
+            st.deleted.remove(pos);
+        }
+        self.set_stored(&mut st, written.stored);
+        if mode == WriteMode::Complete {
+            // The round is over for what was done when it was taken; positions done while
+            // the write was in flight belong to the next round.
+            st.done.retain(|p| !taken.done.contains(p));
+        }
+        st.failure = None;
+        durable
     }
 }
 
@@ -191,7 +285,10 @@ impl ShardJob<'_> {
             }
             self.backing
                 .prune_empty_dirs(&dir, dir.ancestors().last().unwrap_or(&dir));
-            return Ok(Written { stored: None });
+            return Ok(Written {
+                stored: None,
+                from_body: false,
+            });
         };
         // A sync costs only what was asked for: a shard that replaces one is synced before
         // its rename (the old data must never be lost to a torn file); a new one is not.
@@ -215,7 +312,80 @@ impl ShardJob<'_> {
                 mtime: crate::backing::mtime_of(&meta),
                 index: Ok(Arc::new(encoded.index().clone())),
             }),
+            from_body: false,
         })
+    }
+
+    /// The shard made from its body: the chunks the body holds at the version chosen are
+    /// named where they are, the others appended, then the index; synced, and renamed onto
+    /// the key, under the key lock. `Ok(None)`: not possible (a shard file exists by now,
+    /// or nothing is left to write), so the shard is written the usual way.
+    fn run_body(
+        &self,
+        reg: &ShardRegistry,
+        body: &mut Finishing,
+        in_body: &BTreeMap<usize, InBody>,
+    ) -> Result<Option<Written>, FsError> {
+        if self.format.location != IndexLocation::End || self.chosen.is_empty() {
+            return Ok(None);
+        }
+        let key = self.backing.lock_key(self.rel)?;
+        if self.backing.stat(self.rel)?.is_some() {
+            return Ok(None);
+        }
+        let start = body.len();
+        let (tail, index) = self.body_tail(start, in_body);
+        body.append(&tail)?;
+        // The index must never name bytes that a crash could lose.
+        body.sync()?;
+        match self.backing.rename(body.path(), self.rel) {
+            Err(e) if e.raw_os_error() == Some(libc::EXDEV) => return Ok(None),
+            r => r?,
+        }
+        // Durable at once: the body (and so every record in it) is gone from the journal.
+        self.backing.sync_dir(key.dir_rel())?;
+        self.backing
+            .sync_dir(Path::new(crate::journal::JOURNAL_DIR))?;
+        let meta = body.metadata()?;
+        Stats::add(&reg.stats.shards_written, 1);
+        Stats::add(&reg.stats.shards_from_bodies, 1);
+        Stats::add(&reg.stats.bytes_written, body.len() - start);
+        if self.mode != WriteMode::Complete {
+            Stats::add(&reg.stats.partial_writes, 1);
+        }
+        debug!(shard = %self.rel.display(), bytes = body.len(), mode = ?self.mode, "shard written from its body");
+        Ok(Some(Written {
+            stored: Some(StoredIndex {
+                format: self.format.clone(),
+                version: crate::backing::FileVersion::of(&meta),
+                mtime: crate::backing::mtime_of(&meta),
+                index: Ok(Arc::new(index)),
+            }),
+            from_body: true,
+        }))
+    }
+
+    /// What completes a body that is `start` bytes long: the chosen chunks it does not hold
+    /// at their chosen version, and the index.
+    fn body_tail(&self, start: u64, in_body: &BTreeMap<usize, InBody>) -> (Vec<Bytes>, ShardIndex) {
+        let mut index = ShardIndex::all_missing(self.format.n_chunks());
+        let mut tail = Vec::new();
+        let mut at = start;
+        for (pos, m, version, segments) in self.chosen {
+            match in_body.get(pos) {
+                Some(b) if Arc::ptr_eq(&b.file, m) && b.version == *version => {
+                    index.set(*pos, Some(b.range));
+                }
+                _ => {
+                    let nbytes: u64 = segments.iter().map(|s| s.len() as u64).sum();
+                    index.set(*pos, Some(ChunkRange { offset: at, nbytes }));
+                    at += nbytes;
+                    tail.extend(segments.iter().filter(|s| !s.is_empty()).cloned());
+                }
+            }
+        }
+        tail.push(Bytes::from(self.format.encode(&index)));
+        (tail, index)
     }
 
     /// Puts the chunks of the current shard file that stay into `builder` (a merge). A
