@@ -188,6 +188,12 @@ fn tensorstore_with_its_fsyncs_writes_each_shard_once() {
     assert_eq!(s["shards_from_bodies"], 8, "{s}");
     assert_ok(&m.unmount(&[]), "unmount");
     check_backing(&backing, &out, &["ts_counted", "ts_counted_whole"]);
+    // Made in the journal's directory, the shards are still readable by everyone, like
+    // every shard file.
+    for f in files_below(&backing) {
+        let mode = fs::metadata(backing.join(&f)).unwrap().mode();
+        assert_eq!(mode & 0o644, 0o644, "{f}: mode {mode:o}");
+    }
     // Every record retired once its shard was durable: no journal left.
     let journal: Vec<String> = files_below(&backing)
         .into_iter()

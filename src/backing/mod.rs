@@ -420,8 +420,17 @@ impl Backing {
             Err(e) => return Err(e),
         }
         let (dir, _) = split(rel)?;
-        self.sync_dir(dir)?;
+        self.sync_dir_chain(dir)?;
         Ok(true)
+    }
+
+    /// Syncs directory `rel` and every directory above it: a directory made for a new
+    /// shard is durable only once its parent is synced too.
+    pub fn sync_dir_chain(&self, rel: &Path) -> io::Result<()> {
+        for dir in rel.ancestors() {
+            self.sync_dir(dir)?;
+        }
+        Ok(())
     }
 
     /// `statvfs` of the file system holding BACKING.

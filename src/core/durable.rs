@@ -12,7 +12,7 @@ use super::array::ArrayState;
 use super::error::FsError;
 use super::memfile::{FileData, MemFile};
 use super::shards::{PendingChunk, WriteMode};
-use crate::journal::{Entry, Journal};
+use crate::journal::Journal;
 use crate::zarr::{KeyNode, Node, ShardLayout};
 
 impl ShardFs {
@@ -57,43 +57,7 @@ impl ShardFs {
         journal: &Journal,
         files: &[PendingChunk],
     ) -> Result<(), FsError> {
-        // Chunks of new shards go into their shard's body; the rest into the shared journal.
-        let files = self
-            .shards
-            .journal_into_bodies(&self.backing, journal, files.to_vec())?;
-        let mut taken = Vec::new();
-        let mut metas: Vec<(&Arc<ArrayState>, Vec<u8>)> = Vec::new();
-        for (array, coords, file) in &files {
-            if !file.needs_journal() {
-                continue;
-            }
-            let (version, segments) = file.content();
-            // The layout as stored, serialized once per array in this call.
-            let meta = match metas.iter().find(|(a, _)| Arc::ptr_eq(a, array)) {
-                Some((_, m)) => m.clone(),
-                None => {
-                    let m = Node::Array(array.meta.clone()).to_json_bytes();
-                    metas.push((array, m.clone()));
-                    m
-                }
-            };
-            taken.push((array, coords, file, version, segments, meta));
-        }
-        let entries: Vec<Entry> = taken
-            .iter()
-            .map(|(array, coords, _, _, segments, meta)| Entry {
-                array: &array.rel,
-                meta,
-                coords,
-                data: segments,
-            })
-            .collect();
-        let records = journal.append(&entries)?;
-        for ((_, _, file, version, _, _), record) in taken.iter().zip(records) {
-            // Retired meanwhile (its shard written): its record is not needed.
-            let late = file.add_records(*version, vec![record]);
-            self.shards.retire(late);
-        }
+        self.shards.journal_chunks(&self.backing, journal, files)?;
         self.bound_journal();
         Ok(())
     }

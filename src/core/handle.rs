@@ -87,7 +87,11 @@ impl FileHandle {
                 if let Some(previous) = other {
                     previous.with(|s| s.unflushed = s.unflushed.saturating_sub(1));
                 }
-                file.with(|s| s.unflushed += 1);
+                // A new writer: an earlier writer's fsync does not cover what it writes.
+                file.with(|s| {
+                    s.unflushed += 1;
+                    s.fsynced = false;
+                });
                 *dirty = Some(file.clone());
             }
         }

@@ -52,6 +52,9 @@ pub(super) struct BodyEntry {
     /// No longer appended to (its shard was written, or tried): it goes once nothing in it
     /// is live.
     pub(super) finished: bool,
+    /// Some of its records are retired: the segments holding those retirements stay while
+    /// it does.
+    pub(super) retired_some: bool,
 }
 
 /// A chunk appended to a body: its record, and where its bytes are in the file.
@@ -78,7 +81,8 @@ impl Journal {
     pub fn begin_body(&self, array: &Path, meta: &[u8]) -> io::Result<Arc<Body>> {
         let n = self.next_body.fetch_add(1, Ordering::Relaxed);
         let path = Path::new(JOURNAL_DIR).join(format!("{}.b{n:06}.body", self.id));
-        let file = self.backing.open_file(&path, create(0o600))?;
+        // Readable like any shard: it becomes one.
+        let file = self.backing.open_file(&path, create(0o644))?;
         let head = record::encode_layout(0, &array.to_string_lossy(), meta);
         let written = file
             .write_all_at(&head, 0)
@@ -112,16 +116,16 @@ impl Journal {
         body: &Body,
         entries: &[Entry],
     ) -> io::Result<Option<Vec<BodyChunk>>> {
-        let (file, chunks, len) = {
+        let (file, chunks) = {
             let mut b = lock(&body.file);
             if b.finished {
                 return Ok(None);
             }
-            let first_id = self.take_ids(entries.len() as u64);
             let mut buffers: Vec<Bytes> = Vec::new();
             let mut chunks = Vec::with_capacity(entries.len());
             let mut at = b.len;
-            for (e, id) in entries.iter().zip(first_id..) {
+            for e in entries {
+                let id = e.id;
                 let bufs = record::encode_chunk(0, id, e.coords, e.data);
                 let head = bufs[0].len() as u64;
                 let nbytes: u64 = e.data.iter().map(|d| d.len() as u64).sum();
@@ -143,12 +147,14 @@ impl Journal {
                 return Err(e);
             }
             b.len = at;
-            (b.file.clone(), chunks, at)
+            // Counted while the body is still held: a shard write that takes it next must
+            // not find it empty and remove it.
+            if let Some(entry) = lock(&self.bodies).get_mut(&body.path) {
+                entry.live += chunks.len() as u64;
+                entry.bytes = at;
+            }
+            (b.file.clone(), chunks)
         };
-        if let Some(entry) = lock(&self.bodies).get_mut(&body.path) {
-            entry.live += chunks.len() as u64;
-            entry.bytes = len;
-        }
         if let Err(e) = file.sync_data() {
             // Never acknowledged: these records hold nobody up.
             if let Some(entry) = lock(&self.bodies).get_mut(&body.path) {
@@ -178,19 +184,12 @@ impl Journal {
     /// The body's shard was written another way (or the write failed): the body goes once
     /// none of its records is live.
     pub fn body_abandoned(&self, body: &Finishing) {
-        let gone = {
-            let mut bodies = lock(&self.bodies);
-            match bodies.get_mut(&body.body.path) {
-                Some(entry) if entry.live == 0 => {
-                    bodies.remove(&body.body.path);
-                    true
-                }
-                Some(entry) => {
-                    entry.finished = true;
-                    false
-                }
-                None => false,
+        let gone = match lock(&self.bodies).get_mut(&body.body.path) {
+            Some(entry) => {
+                entry.finished = true;
+                entry.live == 0
             }
+            None => false,
         };
         if gone && let Err(e) = self.remove_bodies(std::slice::from_ref(&body.body.path)) {
             warn!(body = %body.body.path.display(), "journal body not removed: {e}");
@@ -206,21 +205,20 @@ impl Journal {
             for r in refs {
                 if let Some(entry) = bodies.get_mut(&r.segment) {
                     entry.live = entry.live.saturating_sub(1);
+                    entry.retired_some = true;
                 }
             }
-            let gone: Vec<PathBuf> = bodies
+            bodies
                 .iter()
                 .filter(|(_, e)| e.live == 0 && e.finished)
                 .map(|(p, _)| p.clone())
-                .collect();
-            for p in &gone {
-                bodies.remove(p);
-            }
-            gone
+                .collect()
         };
         self.remove_bodies(&gone)
     }
 
+    /// Removes finished bodies with nothing live, durably; they leave the books only once
+    /// gone (a failure leaves them there, to be tried again at the next retirement).
     fn remove_bodies(&self, paths: &[PathBuf]) -> io::Result<()> {
         if paths.is_empty() {
             return Ok(());
@@ -229,9 +227,17 @@ impl Journal {
             self.backing.remove_file(p)?;
         }
         self.backing.sync_dir(Path::new(JOURNAL_DIR))?;
+        {
+            let mut bodies = lock(&self.bodies);
+            for p in paths {
+                bodies.remove(p);
+            }
+        }
         for p in paths {
             self.forget_dead_lock(p);
         }
+        // Segments their retirements held back may go now.
+        self.retire_empty();
         Ok(())
     }
 }
@@ -250,10 +256,21 @@ impl Finishing<'_> {
         self.file.len == 0
     }
 
-    /// Appends `buffers` at the end (no sync).
+    /// Appends `buffers` at the end (no sync). The file then ends there, whatever a
+    /// failed append left past its end before: its index must be its last bytes.
     pub fn append(&mut self, buffers: &[Bytes]) -> io::Result<()> {
         write_all_at(&self.file.file, buffers, self.file.len)?;
         self.file.len += buffers.iter().map(|b| b.len() as u64).sum::<u64>();
+        if self.file.file.metadata()?.len() != self.file.len {
+            self.file.file.set_len(self.file.len)?;
+        }
+        Ok(())
+    }
+
+    /// Gives the file group `gid` (its owner stays).
+    pub fn set_group(&self, gid: u32) -> io::Result<()> {
+        let gid = rustix::fs::Gid::from_raw(gid);
+        rustix::fs::fchown(&*self.file.file, None, Some(gid))?;
         Ok(())
     }
 

@@ -51,6 +51,8 @@ pub struct Entry<'a> {
     pub meta: &'a [u8],
     pub coords: &'a [u64],
     pub data: &'a [Bytes],
+    /// From `reserve_ids`, taken before the content was.
+    pub id: u64,
 }
 
 /// A chunk read back from a dead mount's journal.
@@ -192,10 +194,8 @@ impl Journal {
                 let text = e.array.to_string_lossy();
                 buffers.push(Bytes::from(record::encode_layout(layout, &text, e.meta)));
             }
-            let id = cur.next_id;
-            cur.next_id += 1;
-            ids.push(id);
-            buffers.extend(record::encode_chunk(layout, id, e.coords, e.data));
+            ids.push(e.id);
+            buffers.extend(record::encode_chunk(layout, e.id, e.coords, e.data));
         }
         let len: u64 = buffers.iter().map(|b| b.len() as u64).sum();
         let start = cur.bytes;
@@ -230,9 +230,10 @@ impl Journal {
         Ok((refs, seq))
     }
 
-    /// Reserves `n` record ids (they grow through the whole journal, bodies included, so
-    /// that replay can put records of several files back in the order they were written).
-    fn take_ids(&self, n: u64) -> u64 {
+    /// Reserves `n` record ids and returns the first. Ids grow through the whole journal,
+    /// bodies included, and replay applies records in id order: an id reserved before a
+    /// chunk's content is taken orders that content after whatever it replaced.
+    pub fn reserve_ids(&self, n: u64) -> u64 {
         let mut cur = lock(&self.current);
         let first = cur.next_id;
         cur.next_id += n;
@@ -289,14 +290,9 @@ impl Journal {
         if refs.is_empty() {
             return;
         }
-        let (in_bodies, refs): (Vec<&RecordRef>, Vec<&RecordRef>) =
-            refs.iter().partition(|r| body::is_body(&r.segment));
-        // Bodies first: a retirement below may let a segment go that only a body's removal
-        // makes safe to lose.
-        if let Err(e) = self.retire_body_records(&in_bodies) {
-            warn!("journal body not removed: {e}");
-            return;
-        }
+        // Bodies' records get retirement records too: a body that stays (its shard was
+        // written another way while some of its records are still live) must not bring
+        // the retired ones back at replay.
         let own: Vec<u64> = refs
             .iter()
             .filter(|r| journal_id(&r.segment).as_deref() == Some(self.id.as_str()))
@@ -309,6 +305,11 @@ impl Journal {
             // segments are then kept until a clean end removes them.
             warn!("journal retirement not recorded: {e}");
             return;
+        }
+        let (in_bodies, refs): (Vec<&RecordRef>, Vec<&RecordRef>) =
+            refs.iter().partition(|r| body::is_body(&r.segment));
+        if let Err(e) = self.retire_body_records(&in_bodies) {
+            warn!("journal body not removed (it is tried again later): {e}");
         }
         {
             let mut segs = lock(&self.segments);
@@ -324,9 +325,16 @@ impl Journal {
     /// Removes the segments that hold nothing live, oldest first.
     fn retire_empty(&self) {
         let current = lock(&self.current).path.clone();
+        // A body with retired records holds its journal's segments back: they hold the
+        // retirements.
+        let held: std::collections::BTreeSet<String> = lock(&self.bodies)
+            .iter()
+            .filter(|(_, b)| b.retired_some)
+            .filter_map(|(p, _)| journal_id(p))
+            .collect();
         let gone = {
             let mut segs = lock(&self.segments);
-            let gone = removable(&segs, &current);
+            let gone = removable(&segs, &current, &held);
             for path in &gone {
                 segs.remove(path);
             }
@@ -516,6 +524,7 @@ impl Journal {
             }
             let mut layouts: BTreeMap<u32, (PathBuf, Vec<u8>)> = BTreeMap::new();
             let mut chunks = 0;
+            let mut retired_some = false;
             for r in records {
                 match r {
                     record::Record::Layout { id, array, meta } => {
@@ -532,6 +541,7 @@ impl Journal {
                         };
                         // Retired: durable in its shard, and maybe replaced since.
                         if retired.contains(&id) {
+                            retired_some = true;
                             continue;
                         }
                         chunks += 1;
@@ -554,6 +564,7 @@ impl Journal {
                     live: chunks,
                     bytes: valid as u64,
                     finished: true,
+                    retired_some,
                 };
                 lock(&self.bodies).insert(path, entry);
                 continue;
@@ -574,9 +585,13 @@ impl Journal {
 
 /// The segments that can go: per journal, from the oldest, those with no live record (the
 /// current one stays).
-fn removable(segs: &BTreeMap<PathBuf, Segment>, current: &Path) -> Vec<PathBuf> {
+fn removable(
+    segs: &BTreeMap<PathBuf, Segment>,
+    current: &Path,
+    held: &std::collections::BTreeSet<String>,
+) -> Vec<PathBuf> {
     let mut out = Vec::new();
-    let mut blocked: std::collections::BTreeSet<String> = Default::default();
+    let mut blocked = held.clone();
     for (path, seg) in segs {
         let id = journal_id(path).unwrap_or_default();
         if blocked.contains(&id) {
@@ -639,3 +654,6 @@ fn write_all_at(file: &File, buffers: &[Bytes], offset: u64) -> io::Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;

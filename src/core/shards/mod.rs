@@ -197,11 +197,14 @@ impl ShardRegistry {
                             body_init: Mutex::default(),
                             last_used: AtomicU64::new(self.tick()),
                         });
-                        if let Some(gone) = slots.insert(key, fresh.clone()) {
-                            self.uncache(&mut lock(&gone.state));
-                        }
+                        let gone = slots.insert(key, fresh.clone()).and_then(|gone| {
+                            let mut st = lock(&gone.state);
+                            self.uncache(&mut st);
+                            st.body.take()
+                        });
                         self.cache_bytes.fetch_add(SLOT_COST, Ordering::Relaxed);
                         drop(slots);
+                        self.drop_body(gone);
                         self.evict_if_over();
                         return Ok(fresh);
                     }
@@ -364,13 +367,20 @@ impl ShardRegistry {
             .collect();
         idle.sort_unstable();
         let target = self.cache_limit / 4 * 3;
+        let mut bodies = Vec::new();
         for (_, key) in idle {
             if self.cache_bytes.load(Ordering::Relaxed) <= target {
                 break;
             }
             if let Some(slot) = slots.remove(&key) {
-                self.uncache(&mut lock(&slot.state));
+                let mut st = lock(&slot.state);
+                self.uncache(&mut st);
+                bodies.push(st.body.take());
             }
+        }
+        drop(slots);
+        for body in bodies {
+            self.drop_body(body);
         }
     }
 
@@ -451,7 +461,9 @@ impl ShardRegistry {
     /// Calls `f` with every chunk below `node` that exists (stored, not deleted, or
     /// pending), shard by shard, until `f` breaks. A damaged shard contributes every
     /// position of it inside the array, so that its chunks show up (and fail to read)
-    /// rather than vanish.
+    /// rather than vanish. Shards in memory come first, then BACKING's shard files, walked
+    /// lazily: a question answered by the first chunk found reads one directory per level
+    /// and one index, whatever the array's size.
     fn for_each_chunk_below(
         &self,
         backing: &Backing,
@@ -462,47 +474,66 @@ impl ShardRegistry {
         let prefix = node.prefix();
         let cps = array.layout.chunks_per_shard().to_vec();
         let shard_prefix: Vec<u64> = prefix.iter().zip(&cps).map(|(c, n)| c / n).collect();
-        let mut shards: BTreeSet<Vec<u64>> = BTreeSet::new();
-        array.walk_shard_files(backing, &shard_prefix, &mut |s| {
-            shards.insert(s);
-            ControlFlow::Continue(())
-        })?;
-        let candidates: Vec<(Vec<u64>, Arc<ShardSlot>)> = lock(&self.slots)
+        let in_memory: Vec<Vec<u64>> = lock(&self.slots)
             .range((array.rel.clone(), vec![])..)
             .take_while(|((rel, _), _)| *rel == array.rel)
             .filter(|((_, shard), _)| shard.starts_with(&shard_prefix))
-            .map(|((_, shard), slot)| (shard.clone(), slot.clone()))
+            .filter(|(_, slot)| !lock(&slot.state).pending.is_empty())
+            .map(|((_, shard), _)| shard.clone())
             .collect();
-        for (shard, slot) in candidates {
-            if !lock(&slot.state).pending.is_empty() {
-                shards.insert(shard);
+        for shard in &in_memory {
+            if self
+                .visit_shard(backing, array, shard, prefix, &mut f)?
+                .is_break()
+            {
+                return Ok(());
             }
         }
-        for shard in shards {
-            let slot = self.slot(backing, array, &shard)?;
-            let positions: BTreeSet<usize> = {
-                let mut st = lock(&slot.state);
-                let mut positions: BTreeSet<usize> =
-                    match self.open_stored(backing, &slot, &shard, &mut st)? {
-                        None => BTreeSet::new(),
-                        Some(OpenShard { stored, .. }) => match stored.index {
-                            Ok(index) => index.present().map(|(p, _)| p).collect(),
-                            Err(_) => (0..grid::count(&cps)).collect(),
-                        },
-                    };
-                positions.retain(|p| !st.deleted.contains(p));
-                positions.extend(st.pending.keys().copied());
-                positions
-            };
-            for pos in positions {
-                let coords = array.layout.chunk_coords(&shard, pos);
-                if coords.starts_with(prefix) && array.chunk_inside(&coords) && f(coords).is_break()
-                {
-                    return Ok(());
-                }
+        let mut failed = None;
+        array.walk_shard_files(backing, &shard_prefix, &mut |shard| {
+            if in_memory.contains(&shard) {
+                return ControlFlow::Continue(());
+            }
+            self.visit_shard(backing, array, &shard, prefix, &mut f)
+                .unwrap_or_else(|e| {
+                    failed = Some(e);
+                    ControlFlow::Break(())
+                })
+        })?;
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// Calls `f` with the chunks of one shard whose coordinates start with `prefix`.
+    fn visit_shard(
+        &self,
+        backing: &Backing,
+        array: &Arc<ArrayState>,
+        shard: &[u64],
+        prefix: &[u64],
+        f: &mut impl FnMut(Vec<u64>) -> ControlFlow<()>,
+    ) -> Result<ControlFlow<()>, FsError> {
+        let slot = self.slot(backing, array, shard)?;
+        let positions: BTreeSet<usize> = {
+            let mut st = lock(&slot.state);
+            let mut positions: BTreeSet<usize> =
+                match self.open_stored(backing, &slot, shard, &mut st)? {
+                    None => BTreeSet::new(),
+                    Some(OpenShard { stored, .. }) => match stored.index {
+                        Ok(index) => index.present().map(|(p, _)| p).collect(),
+                        Err(_) => (0..grid::count(array.layout.chunks_per_shard())).collect(),
+                    },
+                };
+            positions.retain(|p| !st.deleted.contains(p));
+            positions.extend(st.pending.keys().copied());
+            positions
+        };
+        for pos in positions {
+            let coords = array.layout.chunk_coords(shard, pos);
+            if coords.starts_with(prefix) && array.chunk_inside(&coords) && f(coords).is_break() {
+                return Ok(ControlFlow::Break(()));
             }
         }
-        Ok(())
+        Ok(ControlFlow::Continue(()))
     }
 
     pub fn has_chunks_below(
@@ -801,15 +832,21 @@ impl ShardRegistry {
     /// moved). Slots that still hold something are kept: their data is written under the
     /// layout it belongs to, never dropped.
     pub fn forget_array(&self, rel: &Path) {
+        let mut bodies = Vec::new();
         let mut slots = lock(&self.slots);
         slots.retain(|(r, _), slot| {
             let mut st = lock(&slot.state);
             let keep = !r.starts_with(rel) || !st.clean() || Arc::strong_count(slot) > 1;
             if !keep {
                 self.uncache(&mut st);
+                bodies.push(st.body.take());
             }
             keep
         });
+        drop(slots);
+        for body in bodies {
+            self.drop_body(body);
+        }
     }
 
     /// Drops everything of the array at `rel`, pending chunks included (an import that

@@ -3,6 +3,7 @@
 //! tensorstore writers sharing BACKING never lose a chunk to a concurrent merge.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -81,8 +82,10 @@ fn choose(slot: &ShardSlot, take_all: bool) -> Option<Taken> {
 /// What one shard write found and did.
 struct Written {
     stored: Option<StoredIndex>,
-    /// Made from the shard's body, and durable already.
+    /// Made from the shard's body (which is consumed).
     from_body: bool,
+    /// Durable already, directories included.
+    durable: bool,
 }
 
 impl ShardRegistry {
@@ -179,14 +182,14 @@ impl ShardRegistry {
     ) -> Result<(), FsError> {
         match result {
             Ok(written) => {
-                let from_body = written.from_body;
-                let durable = self.settle_written(slot, taken, mode, written);
+                let now = written.durable;
+                let records = self.settle_written(slot, taken, mode, written);
                 // The records of what it holds retire once the shard is durable: a shard
-                // made from its body already is.
-                if from_body {
-                    self.retire(durable);
+                // made from its body usually is already.
+                if now {
+                    self.retire(records);
                 } else {
-                    self.note_unsynced(&slot.array, &slot.shard, durable);
+                    self.note_unsynced(&slot.array, &slot.shard, records);
                 }
                 // The new index counts against the cache (checked with no slot locked).
                 self.evict_if_over();
@@ -288,6 +291,7 @@ impl ShardJob<'_> {
             return Ok(Written {
                 stored: None,
                 from_body: false,
+                durable: false,
             });
         };
         // A sync costs only what was asked for: a shard that replaces one is synced before
@@ -313,6 +317,7 @@ impl ShardJob<'_> {
                 index: Ok(Arc::new(encoded.index().clone())),
             }),
             from_body: false,
+            durable: false,
         })
     }
 
@@ -336,16 +341,32 @@ impl ShardJob<'_> {
         let start = body.len();
         let (tail, index) = self.body_tail(start, in_body);
         body.append(&tail)?;
+        // Made where the journal is, it takes the group a file made in the shard's
+        // directory would.
+        if let Some(dir) = self.backing.stat(key.dir_rel())?
+            && dir.mode() & libc::S_ISGID != 0
+        {
+            body.set_group(dir.gid())?;
+        }
         // The index must never name bytes that a crash could lose.
         body.sync()?;
         match self.backing.rename(body.path(), self.rel) {
             Err(e) if e.raw_os_error() == Some(libc::EXDEV) => return Ok(None),
             r => r?,
         }
-        // Durable at once: the body (and so every record in it) is gone from the journal.
-        self.backing.sync_dir(key.dir_rel())?;
-        self.backing
-            .sync_dir(Path::new(crate::journal::JOURNAL_DIR))?;
+        // The shard is in place, and the body (with every record in it) gone from the
+        // journal: from here on a failure only means that this is not durable yet.
+        let durable = self
+            .backing
+            .sync_dir_chain(key.dir_rel())
+            .and_then(|_| {
+                self.backing
+                    .sync_dir(Path::new(crate::journal::JOURNAL_DIR))
+            })
+            .inspect_err(
+                |e| warn!(shard = %self.rel.display(), "shard written, not yet durable: {e}"),
+            )
+            .is_ok();
         let meta = body.metadata()?;
         Stats::add(&reg.stats.shards_written, 1);
         Stats::add(&reg.stats.shards_from_bodies, 1);
@@ -362,6 +383,7 @@ impl ShardJob<'_> {
                 index: Ok(Arc::new(index)),
             }),
             from_body: true,
+            durable,
         }))
     }
 
