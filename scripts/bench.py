@@ -1,5 +1,6 @@
 """Benchmarks of shardfs against the native writers, run by scripts/bench.sh.
 
+    bench.py all   --shardfs BIN [--quick] [--runs N] [--markdown FILE]   (bench_matrix.py)
     bench.py read  --shardfs BIN --dir DIR [--runs N]
     bench.py write --shardfs BIN --dir DIR [--runs N]
     bench.py fsync --shardfs BIN --dir DIR [--runs N]
@@ -29,6 +30,8 @@ import warnings
 import numpy as np
 import tensorstore as ts
 import zarr
+
+import bench_matrix
 
 warnings.filterwarnings("ignore")
 
@@ -272,17 +275,23 @@ def bench_fsync(args):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("what", choices=["read", "write", "fsync"])
+    p.add_argument("what", choices=["all", "read", "write", "fsync"])
     p.add_argument("--shardfs", required=True)
     p.add_argument("--dir", default=None)
-    p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--runs", type=int, default=None)
     p.add_argument("--skip-native-sharded", action="store_true")
+    p.add_argument("--quick", action="store_true",
+                   help="all: a small version, to check the driver rather than the speed")
+    p.add_argument("--markdown", default=None, help="all: also write a markdown table here")
     args = p.parse_args()
+    if args.runs is None:
+        args.runs = 1 if args.quick else (3 if args.what == "all" else 5)
     own_dir = args.dir is None
     if own_dir:
         args.dir = tempfile.mkdtemp(prefix="shardfs-bench-", dir="/var/tmp")
     try:
-        run = {"read": bench_read, "write": bench_write, "fsync": bench_fsync}[args.what]
+        run = {"all": bench_matrix.run_all, "read": bench_read, "write": bench_write,
+               "fsync": bench_fsync}[args.what]
         results = run(args)
     finally:
         if own_dir:

@@ -475,9 +475,9 @@ impl ShardRegistry {
         let cps = array.layout.chunks_per_shard().to_vec();
         let shard_prefix: Vec<u64> = prefix.iter().zip(&cps).map(|(c, n)| c / n).collect();
         let in_memory: Vec<Vec<u64>> = lock(&self.slots)
-            .range((array.rel.clone(), vec![])..)
-            .take_while(|((rel, _), _)| *rel == array.rel)
-            .filter(|((_, shard), _)| shard.starts_with(&shard_prefix))
+            // Shards sort by coordinates: those below the prefix are one run of the map.
+            .range((array.rel.clone(), shard_prefix.clone())..)
+            .take_while(|((rel, shard), _)| *rel == array.rel && shard.starts_with(&shard_prefix))
             .filter(|(_, slot)| !lock(&slot.state).pending.is_empty())
             .map(|((_, shard), _)| shard.clone())
             .collect();
@@ -777,9 +777,8 @@ impl ShardRegistry {
         to_journal: bool,
     ) -> Vec<(Arc<ArrayState>, Vec<u64>, Arc<MemFile>)> {
         let slots: Vec<Arc<ShardSlot>> = lock(&self.slots)
-            .range((array.to_path_buf(), vec![])..)
-            .take_while(|((rel, _), _)| rel == array)
-            .filter(|((_, shard), _)| shard.starts_with(shard_prefix))
+            .range((array.to_path_buf(), shard_prefix.to_vec())..)
+            .take_while(|((rel, shard), _)| rel == array && shard.starts_with(shard_prefix))
             .map(|(_, slot)| slot.clone())
             .collect();
         let mut out = Vec::new();

@@ -1,0 +1,353 @@
+"""The whole benchmark matrix, run by `scripts/bench.sh all [--quick] [--runs N]`.
+
+In one run, for zarr-python and tensorstore (defaults: tensorstore fsyncs every chunk):
+
+- S1-S3: 512^3 uint8, random. S1 writes the whole array at once in 128^3 chunks; S2 writes
+  one 128^3 region at a time (64 chunks per shard); S3 one 64^3 region at a time (512 per
+  shard). Each natively unsharded, natively sharded (one run: it is slow) and unsharded
+  through the mount (mount and unmount included).
+- S4: S1 and S2 on smooth float32 data with zstd.
+- S5: reading S1's array, sharded: natively and through a fresh mount.
+- chunks per shard: time per chunk writing chunk by chunk through the mount, with 8, 64,
+  512 and 4096 chunks per shard.
+- shards per array: latency of `stat`, and of open+read, of chunks not looked up before,
+  and `find | wc -l`, over arrays of 10^2 to 10^5 shards.
+- the daemon's peak RSS in every mounted run.
+
+`--quick` runs a small version (128^3 arrays, up to 10^3 shards, one run) to check the
+driver, not the speed. Output: JSON on stdout, a markdown table with `--markdown FILE`.
+"""
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import time
+
+import numpy as np
+import tensorstore as ts
+import zarr
+
+
+def sizes(quick):
+    """(n, {scenario: (chunk, whole)}) for S1-S3."""
+    if quick:
+        return 128, {"S1": (32, True), "S2": (32, False), "S3": (16, False)}
+    return 512, {"S1": (128, True), "S2": (128, False), "S3": (64, False)}
+
+
+def regions(n, chunk):
+    for i in range(0, n, chunk):
+        for j in range(0, n, chunk):
+            for k in range(0, n, chunk):
+                yield (slice(i, i + chunk), slice(j, j + chunk), slice(k, k + chunk))
+
+
+def zarr_writer(n, chunk, whole, shard=None, zstd=False):
+    def write(path, arr):
+        kw = {} if zstd else {"compressors": None}
+        a = zarr.create_array(path, shape=arr.shape, chunks=(chunk,) * 3,
+                              shards=(shard,) * 3 if shard else None, dtype=arr.dtype,
+                              fill_value=0, overwrite=True, **kw)
+        if whole:
+            a[...] = arr
+        else:
+            for r in regions(n, chunk):
+                a[r] = arr[r]
+    return write
+
+
+def ts_writer(n, chunk, whole, shard=None, zstd=False):
+    def write(path, arr):
+        codecs = [{"name": "bytes", "configuration": {"endian": "little"}}]
+        if zstd:
+            codecs.append({"name": "zstd", "configuration": {"level": 0}})
+        grid = [chunk] * 3
+        if shard:
+            codecs = [{"name": "sharding_indexed", "configuration": {
+                "chunk_shape": [chunk] * 3, "codecs": codecs}}]
+            grid = [shard] * 3
+        dtype = "float32" if arr.dtype == np.float32 else "uint8"
+        t = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": path},
+                     "metadata": {"shape": [n] * 3, "data_type": dtype,
+                                  "chunk_grid": {"name": "regular",
+                                                 "configuration": {"chunk_shape": grid}},
+                                  "codecs": codecs, "fill_value": 0}},
+                    create=True, delete_existing=True).result()
+        if whole:
+            t[...] = arr
+        else:
+            for r in regions(n, chunk):
+                t[r].write(arr[r]).result()
+    return write
+
+
+WRITERS = {"zarr-python": zarr_writer, "tensorstore": ts_writer}
+
+
+def daemon_pid(mountpoint):
+    """The daemon serving `mountpoint` (its command line names it)."""
+    want = os.path.realpath(mountpoint).encode()
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            cmd = open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if b"mount" in cmd and any(os.path.realpath(c) == want for c in cmd if c):
+            return int(p)
+    return None
+
+
+def peak_rss_mib(pid):
+    try:
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+class Mounted:
+    """A mount for one run: stats and the daemon's peak RSS are read before unmounting."""
+
+    def __init__(self, shardfs, backing, mountpoint, extra=()):
+        self.shardfs, self.mountpoint = shardfs, mountpoint
+        os.makedirs(mountpoint, exist_ok=True)
+        subprocess.run([shardfs, "mount", backing, mountpoint, *extra], check=True)
+        self.pid = daemon_pid(mountpoint)
+
+    def finish(self):
+        stats = json.loads(subprocess.run([self.shardfs, "stats", self.mountpoint],
+                                          check=True, capture_output=True, text=True).stdout)
+        rss = peak_rss_mib(self.pid)
+        subprocess.run([self.shardfs, "unmount", self.mountpoint], check=True)
+        return stats, rss
+
+
+def timed(fn):
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def fresh(path):
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path)
+
+
+def write_row(args, writer, arr, cps, n_chunk_shard, native_sharded=True):
+    """Native unsharded, native sharded and mounted times of one writer, interleaved."""
+    target = os.path.join(args.dir, "w")
+    mnt = os.path.join(args.dir, "mnt")
+    native, mounted, rss, writes, merges = [], [], [], [], []
+    for _ in range(args.runs):
+        fresh(target)
+        native.append(timed(lambda: writer(None)(os.path.join(target, "a"), arr)))
+        fresh(target)
+        t = time.perf_counter()
+        m = Mounted(args.shardfs, target, mnt, ["--chunks-per-shard", str(cps)])
+        try:
+            writer(None)(os.path.join(mnt, "a"), arr)
+        finally:
+            stats, peak = m.finish()
+        mounted.append(time.perf_counter() - t)
+        rss.append(peak)
+        writes.append(stats["shards_written"])
+        merges.append(stats["merges"])
+    got = zarr.open_array(os.path.join(target, "a"), mode="r")[...]
+    assert np.array_equal(got, arr), "what the mount wrote differs"
+    row = {"native_unsharded_s": statistics.median(native),
+           "mount_s": statistics.median(mounted),
+           "shard_writes": writes, "merges": merges, "daemon_peak_rss_mib": max(rss)}
+    row["ratio_vs_native_unsharded"] = row["mount_s"] / row["native_unsharded_s"]
+    if native_sharded:
+        fresh(target)
+        row["native_sharded_s"] = timed(
+            lambda: writer(n_chunk_shard)(os.path.join(target, "a"), arr))
+        row["mount_speedup_vs_native_sharded"] = row["native_sharded_s"] / row["mount_s"]
+    return row
+
+
+def scenarios(args):
+    """S1-S4, both clients."""
+    n, table = sizes(args.quick)
+    rng = np.random.default_rng(0)
+    u8 = rng.integers(0, 256, size=(n,) * 3, dtype=np.uint8)
+    # Smooth data, so that zstd has something to do.
+    x = np.linspace(0, 8 * np.pi, n, dtype=np.float32)
+    f32 = (np.sin(x)[:, None, None] * np.cos(x)[None, :, None] + x[None, None, :] / 10)
+    f32 = f32.astype(np.float32)
+    out = {}
+    jobs = [(name, chunk, whole, u8, False) for name, (chunk, whole) in table.items()]
+    jobs += [(f"S4 ({name} float32 zstd)", table[name][0], table[name][1], f32, True)
+             for name in ("S1", "S2")]
+    for name, chunk, whole, arr, zstd in jobs:
+        for client, make in WRITERS.items():
+            def writer(shard, make=make, chunk=chunk, whole=whole, zstd=zstd):
+                return make(n, chunk, whole, shard, zstd)
+            row = write_row(args, writer, arr, n // chunk, n)
+            out[f"{name} {client}"] = row
+            log(f"{name} {client}", row)
+    return out
+
+
+def read_s1(args):
+    """S5: S1's array, sharded, read whole natively and through a fresh mount."""
+    n, table = sizes(args.quick)
+    chunk = table["S1"][0]
+    arr = np.random.default_rng(0).integers(0, 256, size=(n,) * 3, dtype=np.uint8)
+    backing = os.path.join(args.dir, "r")
+    fresh(backing)
+    zarr_writer(n, chunk, True, n)(os.path.join(backing, "a"), arr)
+    readers = {
+        "zarr-python": lambda p: zarr.open_array(p, mode="r")[...],
+        "tensorstore": lambda p: ts.open({"driver": "zarr3", "kvstore": {
+            "driver": "file", "path": p}}, open=True).result().read().result(),
+    }
+    mnt = os.path.join(args.dir, "mnt")
+    out = {}
+    for client, read in readers.items():
+        native, mounted, rss = [], [], []
+        for _ in range(args.runs):
+            native.append(timed(lambda: read(os.path.join(backing, "a"))))
+            m = Mounted(args.shardfs, backing, mnt)
+            try:
+                got = []
+                mounted.append(timed(lambda: got.append(read(os.path.join(mnt, "a")))))
+                assert np.array_equal(got[0], arr), "mount read differs"
+            finally:
+                rss.append(m.finish()[1])
+        row = {"native_sharded_s": statistics.median(native),
+               "mount_s": statistics.median(mounted), "daemon_peak_rss_mib": max(rss)}
+        row["ratio"] = row["mount_s"] / row["native_sharded_s"]
+        out[f"S5 read S1 {client}"] = row
+        log(f"S5 {client}", row)
+    return out
+
+
+def per_shard(args):
+    """Time per chunk, writing chunk by chunk through the mount, by chunks per shard."""
+    n, chunk = (32, 4) if args.quick else (512, 32)
+    arr = np.random.default_rng(2).integers(0, 256, size=(n,) * 3, dtype=np.uint8)
+    out = {}
+    for cps in (2, 4, 8) if args.quick else (2, 4, 8, 16):
+        chunks = (n // chunk) ** 3
+        for client, make in WRITERS.items():
+            row = write_row(args, lambda shard, make=make: make(n, chunk, False, shard), arr,
+                            cps, None, native_sharded=False)
+            row["chunks_per_shard"] = cps ** 3
+            row["mount_ms_per_chunk"] = row["mount_s"] / chunks * 1e3
+            row["native_unsharded_ms_per_chunk"] = row["native_unsharded_s"] / chunks * 1e3
+            out[f"{cps ** 3} chunks per shard {client}"] = row
+            log(f"cps {cps ** 3} {client}", row)
+    return out
+
+
+def build_shards(backing, shards):
+    """A 2-D array of `shards` shards (2x2 chunks of 8x8 uint8 each), every shard file a
+    copy of one written by zarr-python (fast to make at 10^5 shards)."""
+    cols = min(shards, 100)
+    rows = shards // cols
+    path = os.path.join(backing, "a")
+    a = zarr.create_array(path, shape=(rows * 16, cols * 16), chunks=(8, 8), shards=(16, 16),
+                          dtype="uint8", compressors=None, fill_value=0)
+    a[0:16, 0:16] = np.arange(256, dtype=np.uint8).reshape(16, 16)
+    one = open(os.path.join(path, "c", "0", "0"), "rb").read()
+    for i in range(rows):
+        os.makedirs(os.path.join(path, "c", str(i)), exist_ok=True)
+        for j in range(cols):
+            with open(os.path.join(path, "c", str(i), str(j)), "wb") as f:
+                f.write(one)
+    return rows * 2, cols * 2  # the chunk grid
+
+
+def latency(fn, keys):
+    times = []
+    for k in keys:
+        t = time.perf_counter()
+        fn(k)
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def per_array(args):
+    """Chunk latency and `find` by the number of shards in the array."""
+    counts = (100, 1000) if args.quick else (100, 1000, 10_000, 100_000)
+    mnt = os.path.join(args.dir, "mnt")
+    out = {}
+    for shards in counts:
+        backing = os.path.join(args.dir, f"s{shards}")
+        fresh(backing)
+        grid = build_shards(backing, shards)
+        rng = np.random.default_rng(3)
+        # Distinct rows: each stat also looks up a key directory never looked up before.
+        rows = rng.permutation(grid[0])[:200]
+        keys = [(int(r), int(rng.integers(0, grid[1]))) for r in rows]
+        m = Mounted(args.shardfs, backing, mnt)
+        try:
+            a = os.path.join(mnt, "a", "c")
+            stat_ms = latency(lambda k: os.stat(f"{a}/{k[0]}/{k[1]}"), keys)
+            read_ms = latency(lambda k: open(f"{a}/{k[0]}/{(k[1] + 1) % grid[1]}",
+                                             "rb").read(), keys)
+            find_s = timed(lambda: subprocess.run(f"find {mnt}/a | wc -l", shell=True,
+                                                  check=True, capture_output=True))
+        finally:
+            _, rss = m.finish()
+        native_find = timed(lambda: subprocess.run(f"find {backing}/a | wc -l", shell=True,
+                                                   check=True, capture_output=True))
+        chunks = grid[0] * grid[1]
+        row = {"shards": shards, "chunks": chunks, "stat_ms": stat_ms, "open_read_ms": read_ms,
+               "find_s": find_s, "find_us_per_chunk": find_s / chunks * 1e6,
+               "native_find_s_over_shard_files": native_find, "daemon_peak_rss_mib": rss}
+        out[f"{shards} shards"] = row
+        log(f"{shards} shards", row)
+        shutil.rmtree(backing, ignore_errors=True)
+    return out
+
+
+def log(name, row):
+    print(json.dumps({name: row}), file=__import__("sys").stderr, flush=True)
+
+
+def run_all(args):
+    results = {}
+    for part in (scenarios, read_s1, per_shard, per_array):
+        results[part.__name__] = part(args)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(markdown(results))
+    return results
+
+
+def markdown(results):
+    lines = ["| scenario | native unsharded | native sharded | mount | mount / unsharded |"
+             " peak RSS |", "|---|---|---|---|---|---|"]
+    for name, r in results["scenarios"].items():
+        sharded = f"{r['native_sharded_s']:.2f} s" if "native_sharded_s" in r else "-"
+        lines.append(f"| {name} | {r['native_unsharded_s']:.2f} s | {sharded} | "
+                     f"{r['mount_s']:.2f} s | {r['ratio_vs_native_unsharded']:.2f} | "
+                     f"{r['daemon_peak_rss_mib']:.0f} MiB |")
+    lines += ["", "| read | native sharded | mount | ratio | peak RSS |", "|---|---|---|---|---|"]
+    for name, r in results["read_s1"].items():
+        lines.append(f"| {name} | {r['native_sharded_s']:.2f} s | {r['mount_s']:.2f} s | "
+                     f"{r['ratio']:.2f} | {r['daemon_peak_rss_mib']:.0f} MiB |")
+    lines += ["", "| chunks per shard | client | mount ms/chunk | native unsharded ms/chunk |"
+              " peak RSS |", "|---|---|---|---|---|"]
+    for name, r in results["per_shard"].items():
+        client = name.split(" ")[-1]
+        lines.append(f"| {r['chunks_per_shard']} | {client} | {r['mount_ms_per_chunk']:.3f} | "
+                     f"{r['native_unsharded_ms_per_chunk']:.3f} | "
+                     f"{r['daemon_peak_rss_mib']:.0f} MiB |")
+    lines += ["", "| shards | chunks | stat | open+read | find | find per chunk | native find"
+              " (shard files) | peak RSS |", "|---|---|---|---|---|---|---|---|"]
+    for r in results["per_array"].values():
+        lines.append(f"| {r['shards']} | {r['chunks']} | {r['stat_ms']:.3f} ms | "
+                     f"{r['open_read_ms']:.3f} ms | {r['find_s']:.2f} s | "
+                     f"{r['find_us_per_chunk']:.1f} us | "
+                     f"{r['native_find_s_over_shard_files']:.2f} s | "
+                     f"{r['daemon_peak_rss_mib']:.0f} MiB |")
+    return "\n".join(lines) + "\n"
