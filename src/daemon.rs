@@ -33,6 +33,8 @@ pub struct MountConfig {
     pub allow_other: bool,
     /// Readahead of the mount, in KiB (0 leaves the kernel's default).
     pub read_ahead_kb: u32,
+    /// The largest read or write request, in KiB.
+    pub max_request_kb: u32,
     pub write: WriteConfig,
 }
 
@@ -299,7 +301,7 @@ pub fn run_foreground(config: &MountConfig, ready: Option<OwnedFd>) -> Result<()
     fuse_config.clone_fd = true;
     let notifier = Arc::new(std::sync::OnceLock::new());
     let session = match Session::new(
-        FuseAdapter::new(core.clone(), notifier.clone()),
+        FuseAdapter::new(core.clone(), notifier.clone(), config.max_request_kb * 1024),
         &config.mountpoint,
         &fuse_config,
     ) {

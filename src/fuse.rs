@@ -31,11 +31,21 @@ pub struct FuseAdapter {
     core: Arc<ShardFs>,
     /// Tells the kernel to drop what it cached of an inode; set once the session exists.
     notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
+    /// The largest read or write request asked of the kernel, in bytes.
+    max_request: u32,
 }
 
 impl FuseAdapter {
-    pub fn new(core: Arc<ShardFs>, notifier: Arc<std::sync::OnceLock<fuser::Notifier>>) -> Self {
-        FuseAdapter { core, notifier }
+    pub fn new(
+        core: Arc<ShardFs>,
+        notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
+        max_request: u32,
+    ) -> Self {
+        FuseAdapter {
+            core,
+            notifier,
+            max_request,
+        }
     }
 
     /// Runs a core call, turning a panic into EIO (logged and counted): a panicking request
@@ -156,8 +166,9 @@ impl Filesystem for FuseAdapter {
         ] {
             let _ = config.add_capabilities(flag);
         }
-        let _ = config.set_max_write(MAX_IO);
-        let _ = config.set_max_readahead(MAX_IO);
+        let _ = config.set_max_write(self.max_request);
+        let _ = config.set_max_readahead(self.max_request);
+        warn_if_capped(self.max_request);
         Ok(())
     }
 
@@ -621,5 +632,24 @@ fn dummy_dir_attr() -> Attr {
         rdev: 0,
         volatile: false,
         source: None,
+    }
+}
+
+/// The kernel silently caps requests at `max_pages_limit` pages: say so when that is less
+/// than what was asked for, with the fix.
+fn warn_if_capped(asked: u32) {
+    let limit = std::fs::read_to_string("/proc/sys/fs/fuse/max_pages_limit")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok());
+    let page = rustix::param::page_size() as u64;
+    if let Some(pages) = limit
+        && pages * page < u64::from(asked)
+    {
+        tracing::warn!(
+            asked_kib = asked / 1024,
+            capped_kib = pages * page / 1024,
+            "requests capped by the kernel; as root: echo {} > /proc/sys/fs/fuse/max_pages_limit",
+            u64::from(asked).div_ceil(page)
+        );
     }
 }

@@ -82,6 +82,11 @@ struct MountArgs {
     /// (0 keeps the kernel's 128 KiB).
     #[arg(long, default_value_t = 1024)]
     read_ahead_kb: u32,
+    /// The largest read or write request, in KiB (up to 16384). The kernel caps it at
+    /// /proc/sys/fs/fuse/max_pages_limit pages (256 by default: 1 MiB), which root may
+    /// raise.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(4..=16384))]
+    max_request_kb: u32,
     /// Chunks per shard for arrays created through the mount: one number for every axis,
     /// or one per axis (`4,4,2`). Default: the auto policy.
     #[arg(long)]
@@ -186,6 +191,7 @@ fn mount(args: MountArgs) -> ExitCode {
         threads: args.threads,
         allow_other: args.allow_other,
         read_ahead_kb: args.read_ahead_kb,
+        max_request_kb: args.max_request_kb,
         write: crate::core::WriteConfig {
             policy: match &args.chunks_per_shard {
                 Some(cps) => crate::zarr::ShardPolicy::Explicit(cps.clone()),
