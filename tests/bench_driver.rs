@@ -49,7 +49,8 @@ fn the_quick_benchmark_matrix_runs_and_every_mount_did_its_job() {
             "{name}: {row}"
         );
     }
-    assert_eq!(r["read_s1"].as_object().unwrap().len(), 2);
+    // Two chunk sizes, two clients.
+    assert_eq!(r["read_s1"].as_object().unwrap().len(), 4);
     for (name, row) in r["per_shard"].as_object().unwrap() {
         let cps = row["chunks_per_shard"].as_u64().unwrap();
         // 8x8x8 chunks: 512 / cps shards, each written once.
@@ -66,6 +67,10 @@ fn the_quick_benchmark_matrix_runs_and_every_mount_did_its_job() {
         assert_eq!(
             row["chunks"].as_u64().unwrap(),
             4 * row["shards"].as_u64().unwrap(),
+            "{name}"
+        );
+        assert!(
+            row["native_sharded_open_read_ms"].as_f64().unwrap() > 0.0,
             "{name}"
         );
     }
