@@ -282,6 +282,12 @@ def native_chunk(shard_dir, i, j):
         return f.read(nbytes)
 
 
+def zarr_one_chunk(path, k):
+    """zarr-python opens the array and reads the 8x8 chunk at chunk coordinates `k`."""
+    a = zarr.open_array(path, mode="r")
+    return a[k[0] * 8:(k[0] + 1) * 8, k[1] * 8:(k[1] + 1) * 8]
+
+
 def latency(fn, keys):
     times = []
     for k in keys:
@@ -293,7 +299,8 @@ def latency(fn, keys):
 
 def per_array(args):
     """Chunk latency and `find` by the number of shards in the array."""
-    counts = (100, 1000) if args.quick else (100, 1000, 10_000, 100_000)
+    counts = getattr(args, "shard_counts", None) or (
+        (100, 1000) if args.quick else (100, 1000, 10_000, 100_000))
     mnt = os.path.join(args.dir, "mnt")
     out = {}
     for shards in counts:
@@ -312,6 +319,8 @@ def per_array(args):
                                              "rb").read(), keys)
             find_s = timed(lambda: subprocess.run(f"find {mnt}/a | wc -l", shell=True,
                                                   check=True, capture_output=True))
+            # As a user sees it: zarr-python opening the array and reading one chunk.
+            zarr_ms = latency(lambda k: zarr_one_chunk(os.path.join(mnt, "a"), k), keys[:50])
         finally:
             _, rss = m.finish()
         native_find = timed(lambda: subprocess.run(f"find {backing}/a | wc -l", shell=True,
@@ -320,11 +329,15 @@ def per_array(args):
         # its index (at the end), read the chunk.
         shard_dir = os.path.join(backing, "a", "c")
         native_read_ms = latency(lambda k: native_chunk(shard_dir, k[0] // 2, k[1] // 2), keys)
+        native_zarr_ms = latency(lambda k: zarr_one_chunk(os.path.join(backing, "a"), k),
+                                 keys[:50])
         chunks = grid[0] * grid[1]
         row = {"shards": shards, "chunks": chunks, "stat_ms": stat_ms, "open_read_ms": read_ms,
                "find_s": find_s, "find_us_per_chunk": find_s / chunks * 1e6,
                "native_find_s_over_shard_files": native_find,
-               "native_sharded_open_read_ms": native_read_ms, "daemon_peak_rss_mib": rss}
+               "native_sharded_open_read_ms": native_read_ms,
+               "zarr_open_read_chunk_ms": zarr_ms, "native_zarr_open_read_chunk_ms": native_zarr_ms,
+               "daemon_peak_rss_mib": rss}
         out[f"{shards} shards"] = row
         log(f"{shards} shards", row)
         shutil.rmtree(backing, ignore_errors=True)
@@ -364,12 +377,15 @@ def markdown(results):
         lines.append(f"| {r['chunks_per_shard']} | {client} | {r['mount_ms_per_chunk']:.3f} | "
                      f"{r['native_unsharded_ms_per_chunk']:.3f} | "
                      f"{r['daemon_peak_rss_mib']:.0f} MiB |")
-    lines += ["", "| shards | chunks | stat | open+read | native sharded open+read | find |"
+    lines += ["", "| shards | chunks | stat | open+read | native sharded open+read |"
+              " zarr-python open array + read chunk (native sharded) | find |"
               " find per chunk | native find (shard files) | peak RSS |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results["per_array"].values():
         lines.append(f"| {r['shards']} | {r['chunks']} | {r['stat_ms']:.3f} ms | "
                      f"{r['open_read_ms']:.3f} ms | {r['native_sharded_open_read_ms']:.3f} ms | "
+                     f"{r['zarr_open_read_chunk_ms']:.2f} ms "
+                     f"({r['native_zarr_open_read_chunk_ms']:.2f} ms) | "
                      f"{r['find_s']:.2f} s | "
                      f"{r['find_us_per_chunk']:.1f} us | "
                      f"{r['native_find_s_over_shard_files']:.2f} s | "
