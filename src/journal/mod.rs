@@ -292,12 +292,16 @@ impl Journal {
         }
         // Bodies' records get retirement records too: a body that stays (its shard was
         // written another way while some of its records are still live) must not bring
-        // the retired ones back at replay.
-        let own: Vec<u64> = refs
-            .iter()
-            .filter(|r| journal_id(&r.segment).as_deref() == Some(self.id.as_str()))
-            .map(|r| r.id)
-            .collect();
+        // the retired ones back at replay. A body already gone (it became its shard, or
+        // was removed) needs none.
+        let own: Vec<u64> = {
+            let bodies = lock(&self.bodies);
+            refs.iter()
+                .filter(|r| journal_id(&r.segment).as_deref() == Some(self.id.as_str()))
+                .filter(|r| !body::is_body(&r.segment) || bodies.contains_key(&r.segment))
+                .map(|r| r.id)
+                .collect()
+        };
         if !own.is_empty()
             && let Err(e) = self.append_raw(record::encode_retire(&own))
         {

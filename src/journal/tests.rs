@@ -111,3 +111,24 @@ fn a_body_removed_after_its_last_record_retires_is_not_replayed() {
 fn body_path(j: &Journal) -> std::path::PathBuf {
     Path::new(super::JOURNAL_DIR).join(format!("{}.b000000.body", j.id))
 }
+
+#[test]
+fn a_body_that_became_its_shard_needs_no_retirement_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let backing = Backing::new(dir.path().to_path_buf()).unwrap();
+    let j = Journal::open(&backing).unwrap();
+    let body = j.begin_body(Path::new("a"), META).unwrap();
+    let x = [Bytes::from_static(b"x")];
+    let id = j.reserve_ids(1);
+    let chunks = j
+        .append_body(&body, &[entry(&[0], &x, id)])
+        .unwrap()
+        .unwrap();
+    let finishing = j.finish_body(&body);
+    j.body_consumed(&finishing);
+    drop(finishing);
+    j.retire(std::slice::from_ref(&chunks[0].record));
+    // Nothing was appended to the segments.
+    assert_eq!(j.report().journal_bytes, 0);
+    assert_eq!(j.report().live_records, 0);
+}
