@@ -730,3 +730,28 @@ fn a_chunk_renamed_in_then_its_directory_fsynced_survives_a_kill_before_close() 
         .collect();
     assert!(left.is_empty(), "journal files left after replay: {left:?}");
 }
+
+#[test]
+fn an_unlink_then_its_directory_fsynced_survives_a_kill() {
+    let (_d, backing, _) = dirs();
+    let args = ["--chunks-per-shard", "2", "--idle-flush", "600"];
+    let m = Mounted::new(&backing, &args, LIMIT);
+    let arr = small_array(&m, "a");
+    fs::create_dir_all(arr.join("c/0")).unwrap();
+    fs::write(arr.join("c/0/0"), chunk(1)).unwrap();
+    fs::write(arr.join("c/0/1"), chunk(2)).unwrap();
+    assert_ok(&m.unmount(&[]), "unmount");
+    // The shard holds both; one is removed, and the removal fsynced (the directory).
+    let m = Mounted::new(&backing, &args, LIMIT);
+    fs::remove_file(m.path("a/c/0/1")).unwrap();
+    fs::File::open(m.path("a/c/0")).unwrap().sync_all().unwrap();
+    m.kill_daemon();
+    assert_eq!(m.unmount(&[]).status.code(), Some(1));
+    let again = Mounted::new(&backing, &args, LIMIT);
+    assert_eq!(fs::read(again.path("a/c/0/0")).unwrap(), chunk(1));
+    assert!(
+        !again.path("a/c/0/1").exists(),
+        "a removal whose fsync returned came back after a crash"
+    );
+    assert_ok(&again.unmount(&[]), "unmount");
+}

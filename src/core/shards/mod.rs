@@ -795,6 +795,27 @@ impl ShardRegistry {
         out
     }
 
+    /// Writes the shards of `array` below `shard_prefix` that hold chunks deleted through
+    /// the mount (their deletion is not in the journal), with whatever else is pending in
+    /// them.
+    pub(crate) fn write_deletions_below(
+        &self,
+        backing: &Backing,
+        array: &Path,
+        shard_prefix: &[u64],
+    ) -> Result<(), FsError> {
+        let slots: Vec<Arc<ShardSlot>> = lock(&self.slots)
+            .range((array.to_path_buf(), shard_prefix.to_vec())..)
+            .take_while(|((rel, shard), _)| rel == array && shard.starts_with(shard_prefix))
+            .filter(|(_, slot)| !lock(&slot.state).deleted.is_empty())
+            .map(|(_, slot)| slot.clone())
+            .collect();
+        for slot in slots {
+            self.write_slot(backing, &slot, WriteMode::Everything)?;
+        }
+        Ok(())
+    }
+
     /// Every shard with something pending, for the flusher and for stats.
     pub fn pending(&self) -> Vec<PendingShard> {
         let slots: Vec<(SlotKey, Arc<ShardSlot>)> = lock(&self.slots)
