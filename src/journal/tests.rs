@@ -4,7 +4,7 @@ use std::path::Path;
 
 use bytes::Bytes;
 
-use super::{Entry, Journal};
+use super::{Entry, Journal, RecordRef};
 use crate::backing::Backing;
 
 const META: &[u8] = b"{}";
@@ -86,11 +86,11 @@ fn replay_applies_bodies_and_segments_in_the_order_ids_were_reserved() {
     );
 }
 
-#[test]
-fn a_body_removed_after_its_last_record_retires_is_not_replayed() {
-    let dir = tempfile::tempdir().unwrap();
-    let backing = Backing::new(dir.path().to_path_buf()).unwrap();
-    let j = Journal::open(&backing).unwrap();
+/// A journal with one body holding one chunk, taken by a shard write: `consumed` (it
+/// became its shard) or abandoned (the shard was written another way). Returns the
+/// chunk's record.
+fn one_body_taken(backing: &Backing, consumed: bool) -> (Journal, RecordRef) {
+    let j = Journal::open(backing).unwrap();
     let body = j.begin_body(Path::new("a"), META).unwrap();
     let x = [Bytes::from_static(b"x")];
     let id = j.reserve_ids(1);
@@ -99,10 +99,22 @@ fn a_body_removed_after_its_last_record_retires_is_not_replayed() {
         .unwrap()
         .unwrap();
     let finishing = j.finish_body(&body);
-    j.body_abandoned(&finishing);
+    if consumed {
+        j.body_consumed(&finishing);
+    } else {
+        j.body_abandoned(&finishing);
+    }
     drop(finishing);
+    (j, chunks[0].record.clone())
+}
+
+#[test]
+fn a_body_removed_after_its_last_record_retires_is_not_replayed() {
+    let dir = tempfile::tempdir().unwrap();
+    let backing = Backing::new(dir.path().to_path_buf()).unwrap();
+    let (j, record) = one_body_taken(&backing, false);
     assert!(backing.stat(&body_path(&j)).unwrap().is_some());
-    j.retire(std::slice::from_ref(&chunks[0].record));
+    j.retire(std::slice::from_ref(&record));
     assert!(backing.stat(&body_path(&j)).unwrap().is_none());
     assert_eq!(j.report().live_records, 0);
     assert!(replay_after_crash(&backing, j).is_empty());
@@ -116,18 +128,8 @@ fn body_path(j: &Journal) -> std::path::PathBuf {
 fn a_body_that_became_its_shard_needs_no_retirement_records() {
     let dir = tempfile::tempdir().unwrap();
     let backing = Backing::new(dir.path().to_path_buf()).unwrap();
-    let j = Journal::open(&backing).unwrap();
-    let body = j.begin_body(Path::new("a"), META).unwrap();
-    let x = [Bytes::from_static(b"x")];
-    let id = j.reserve_ids(1);
-    let chunks = j
-        .append_body(&body, &[entry(&[0], &x, id)])
-        .unwrap()
-        .unwrap();
-    let finishing = j.finish_body(&body);
-    j.body_consumed(&finishing);
-    drop(finishing);
-    j.retire(std::slice::from_ref(&chunks[0].record));
+    let (j, record) = one_body_taken(&backing, true);
+    j.retire(std::slice::from_ref(&record));
     // Nothing was appended to the segments.
     assert_eq!(j.report().journal_bytes, 0);
     assert_eq!(j.report().live_records, 0);
