@@ -125,28 +125,6 @@ fn opened_flags(o: &Opened) -> FopenFlags {
     flags
 }
 
-/// A lookup reply for a name that does not exist: node 0, which the kernel keeps as a
-/// negative entry for the reply's entry timeout.
-fn negative_attr() -> FileAttr {
-    FileAttr {
-        ino: INodeNo(0),
-        size: 0,
-        blocks: 0,
-        atime: SystemTime::UNIX_EPOCH,
-        mtime: SystemTime::UNIX_EPOCH,
-        ctime: SystemTime::UNIX_EPOCH,
-        crtime: SystemTime::UNIX_EPOCH,
-        kind: fuser::FileType::RegularFile,
-        perm: 0,
-        nlink: 0,
-        uid: 0,
-        gid: 0,
-        rdev: 0,
-        blksize: 0,
-        flags: 0,
-    }
-}
-
 fn ttl(a: &Attr) -> Duration {
     if a.volatile { Duration::ZERO } else { TTL }
 }
@@ -195,13 +173,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match self.run(|| self.core.lookup(parent.0, name)) {
-            // An absent name is cached by the kernel as long as a present one would be
-            // (readers of sparse arrays ask for missing chunks again and again). Names made
-            // through the mount replace it at once; made outside, they show within the TTL.
-            Err(FsError::NotFound) => reply.entry(&TTL, &negative_attr(), Generation(0)),
-            r => entry(reply, r),
-        }
+        entry(reply, self.run(|| self.core.lookup(parent.0, name)));
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {

@@ -534,27 +534,3 @@ fn a_dead_mount_is_detected_and_cleared() {
     let again = Mounted::new(fx.root(), &[], LIMIT);
     assert!(again.path("zp_1d_end_zstd_default/c/1").exists());
 }
-
-#[test]
-fn absent_names_are_cached_like_present_ones_for_the_ttl() {
-    let dir = tempfile::tempdir().unwrap();
-    let backing = dir.path().join("backing");
-    fs::create_dir(&backing).unwrap();
-    let m = Mounted::new(&backing, &[], LIMIT);
-    // Made outside the mount just after a lookup found nothing: hidden for the TTL (the
-    // kernel keeps the negative entry, as it keeps present ones), then shown.
-    assert!(fs::metadata(m.path("later")).is_err());
-    let asked = std::time::Instant::now();
-    fs::write(backing.join("later"), b"x").unwrap();
-    let seen_at_once = fs::metadata(m.path("later")).is_ok();
-    if asked.elapsed() < Duration::from_millis(800) {
-        assert!(!seen_at_once, "the absent name was looked up again at once");
-    }
-    std::thread::sleep(Duration::from_millis(1200));
-    assert_eq!(fs::read(m.path("later")).unwrap(), b"x");
-    // Made through the mount, a name replaces the negative entry at once.
-    assert!(fs::metadata(m.path("made")).is_err());
-    fs::write(m.path("made"), b"y").unwrap();
-    assert_eq!(fs::read(m.path("made")).unwrap(), b"y");
-    assert_ok(&m.unmount(&[]), "unmount");
-}

@@ -414,12 +414,22 @@ impl Backing {
     /// fdatasync of the regular file at `rel` and fsync of its directory: the file's
     /// content and name are durable. `Ok(false)` when nothing is there any more.
     pub fn sync_file_and_dir(&self, rel: &Path) -> io::Result<bool> {
+        let (dir, _) = split(rel)?;
         match self.open(rel) {
             Ok(f) => f.sync_data()?,
-            Err(e) if is_absent(&e) => return Ok(false),
+            // Removed: its removal is made durable, in the nearest directory still there
+            // (empty ones above it may have gone too).
+            Err(e) if is_absent(&e) => {
+                for d in dir.ancestors() {
+                    match self.sync_dir_chain(d) {
+                        Err(e) if is_absent(&e) => continue,
+                        r => return r.map(|_| false),
+                    }
+                }
+                return Ok(false);
+            }
             Err(e) => return Err(e),
         }
-        let (dir, _) = split(rel)?;
         self.sync_dir_chain(dir)?;
         Ok(true)
     }

@@ -111,11 +111,12 @@ impl ShardFs {
         self.journal_files(&journal, &files)?;
         // A deletion is not journaled: a shard that still holds a chunk deleted through the
         // mount is written now, so that the name's removal is durable as asked.
-        self.shards
-            .write_deletions_below(&self.backing, &array.rel, &prefix)?;
+        let deletions = self
+            .shards
+            .write_deletions_below(&self.backing, &array.rel, &prefix);
         self.shards.make_durable(&self.backing, below)?;
         journal.sync_all()?;
-        Ok(())
+        deletions
     }
 
     /// Writes, durably, every pending shard of the array at `rel` below `shard_prefix`.

@@ -112,6 +112,18 @@ impl ShardState {
     fn clean(&self) -> bool {
         self.pending.is_empty() && self.deleted.is_empty()
     }
+
+    /// Whether a deletion here would come back after a crash: the shard file (as last
+    /// seen) holds the chunk, or the journal holds a version of it.
+    fn deletion_to_write(&self) -> bool {
+        self.deleted.iter().any(|p| {
+            self.superseded.get(p).is_some_and(|r| !r.is_empty())
+                || match &self.stored {
+                    Some(s) => s.index.as_ref().map_or(true, |i| i.get(*p).is_some()),
+                    None => false,
+                }
+        })
+    }
 }
 
 /// Why the last write of a shard failed; reported to writers until a write succeeds.
@@ -474,7 +486,7 @@ impl ShardRegistry {
         let prefix = node.prefix();
         let cps = array.layout.chunks_per_shard().to_vec();
         let shard_prefix: Vec<u64> = prefix.iter().zip(&cps).map(|(c, n)| c / n).collect();
-        let in_memory: Vec<Vec<u64>> = lock(&self.slots)
+        let in_memory: BTreeSet<Vec<u64>> = lock(&self.slots)
             // Shards sort by coordinates: those below the prefix are one run of the map.
             .range((array.rel.clone(), shard_prefix.clone())..)
             .take_while(|((rel, shard), _)| *rel == array.rel && shard.starts_with(&shard_prefix))
@@ -795,9 +807,10 @@ impl ShardRegistry {
         out
     }
 
-    /// Writes the shards of `array` below `shard_prefix` that hold chunks deleted through
-    /// the mount (their deletion is not in the journal), with whatever else is pending in
-    /// them.
+    /// Writes the shards of `array` below `shard_prefix` where a deletion through the
+    /// mount is not durable yet (deletions are not journaled): a deleted chunk that the
+    /// shard file holds, or whose content was journaled. Every such shard is tried; the
+    /// first error is returned.
     pub(crate) fn write_deletions_below(
         &self,
         backing: &Backing,
@@ -807,13 +820,16 @@ impl ShardRegistry {
         let slots: Vec<Arc<ShardSlot>> = lock(&self.slots)
             .range((array.to_path_buf(), shard_prefix.to_vec())..)
             .take_while(|((rel, shard), _)| rel == array && shard.starts_with(shard_prefix))
-            .filter(|(_, slot)| !lock(&slot.state).deleted.is_empty())
+            .filter(|(_, slot)| lock(&slot.state).deletion_to_write())
             .map(|(_, slot)| slot.clone())
             .collect();
+        let mut first_error = None;
         for slot in slots {
-            self.write_slot(backing, &slot, WriteMode::Everything)?;
+            if let Err(e) = self.write_slot(backing, &slot, WriteMode::Everything) {
+                first_error.get_or_insert(e);
+            }
         }
-        Ok(())
+        first_error.map_or(Ok(()), Err)
     }
 
     /// Every shard with something pending, for the flusher and for stats.

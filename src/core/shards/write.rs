@@ -146,7 +146,10 @@ impl ShardRegistry {
         });
         if let (Some(j), Some(f)) = (&journal, &finishing) {
             match &result {
-                Ok(w) if w.from_body => j.body_consumed(f),
+                // Out of the books only once durable: until the journal's directory is
+                // synced, the body may come back after a crash, and its records still need
+                // their retirements.
+                Ok(w) if w.from_body && w.durable => j.body_consumed(f),
                 _ => j.body_abandoned(f),
             }
         }
