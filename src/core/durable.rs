@@ -11,7 +11,7 @@ use super::ShardFs;
 use super::array::ArrayState;
 use super::error::FsError;
 use super::memfile::{FileData, MemFile};
-use super::shards::{PendingChunk, WriteMode};
+use super::shards::{PendingChunk, ShardState, WriteMode};
 use crate::journal::Journal;
 use crate::zarr::{KeyNode, Node, ShardLayout};
 
@@ -104,16 +104,19 @@ impl ShardFs {
         };
         let files: Vec<PendingChunk> = self
             .shards
-            .pending_files(&array.rel, &prefix, true)
+            .files_to_journal(&array.rel, &prefix)
             .into_iter()
             .filter(|(_, coords, _)| coords.starts_with(node.prefix()))
             .collect();
         self.journal_files(&journal, &files)?;
         // A deletion is not journaled: a shard that still holds a chunk deleted through the
         // mount is written now, so that the name's removal is durable as asked.
-        let deletions = self
-            .shards
-            .write_deletions_below(&self.backing, &array.rel, &prefix);
+        let deletions = self.shards.write_below(
+            &self.backing,
+            &array.rel,
+            &prefix,
+            ShardState::deletion_to_write,
+        );
         self.shards.make_durable(&self.backing, below)?;
         journal.sync_all()?;
         deletions
@@ -125,18 +128,8 @@ impl ShardFs {
         rel: &Path,
         shard_prefix: &[u64],
     ) -> Result<(), FsError> {
-        let mut first_error = None;
-        for p in self.shards.pending() {
-            if p.array.rel == rel && p.shard.starts_with(shard_prefix) {
-                let r = self
-                    .shards
-                    .write_pending(&self.backing, &p, WriteMode::Everything);
-                if let Err(e) = r {
-                    first_error.get_or_insert(e);
-                }
-            }
-        }
-        first_error.map_or(Ok(()), Err)
+        self.shards
+            .write_below(&self.backing, rel, shard_prefix, |st| !st.clean())
     }
 
     /// Before the mount goes live: the chunks in the journals of mounts that are gone are

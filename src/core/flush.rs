@@ -62,10 +62,10 @@ impl ShardFs {
             }
         }
         for (rel, file) in self.temps.all_files() {
-            let s = file.snapshot();
+            let (unflushed, touched) = file.with(|s| (s.unflushed, s.touched));
             // Idle from its last write or close (its mtime is the client's to set).
-            let quiet = s.touched.is_none_or(|t| now.duration_since(t) >= idle);
-            if s.unflushed == 0
+            let quiet = touched.is_none_or(|t| now.duration_since(t) >= idle);
+            if unflushed == 0
                 && quiet
                 && rel.file_name() != Some(METADATA_FILE.as_ref())
                 && let Err(e) = self.persist_temp_if_there(&rel, &file)

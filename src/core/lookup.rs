@@ -306,11 +306,11 @@ impl ShardFs {
         // Files in memory are owned like the directory they are in (a chunk: its array's),
         // as they will be once stored.
         let mem_attr = |file: &MemFile, dir: &Path| -> Result<Attr, FsError> {
-            let s = file.snapshot();
+            let (mode, len, mtime) = file.with(|s| (s.mode, s.data.len(), s.mtime));
             let owner = owner(dir)?;
             Ok(Attr {
-                perm: (s.mode & 0o7777) as u16,
-                ..Attr::virtual_file(ino, &owner, s.data.len(), s.mtime)
+                perm: (mode & 0o7777) as u16,
+                ..Attr::virtual_file(ino, &owner, len, mtime)
             })
         };
         match kind {
@@ -710,12 +710,10 @@ impl ShardFs {
             return Ok(Bytes::from(read_full_at(file, offset, size)?));
         }
         match &info.kind {
-            NodeKind::Temp(file) => Ok(Bytes::from(file.snapshot().data.read(offset, size))),
+            NodeKind::Temp(file) => Ok(Bytes::from(file.read(offset, size))),
             NodeKind::Chunk { array, coords } => {
                 match self.shards.chunk(&self.backing, array, coords)? {
-                    ChunkData::Pending(file) => {
-                        Ok(Bytes::from(file.snapshot().data.read(offset, size)))
-                    }
+                    ChunkData::Pending(file) => Ok(Bytes::from(file.read(offset, size))),
                     // Index and bytes come from the one descriptor the index was read from.
                     ChunkData::Stored(c) => {
                         let data = c.read_part(offset, size)?;

@@ -256,6 +256,12 @@ impl MemFile {
         lock(&self.state).journaled.is_some()
     }
 
+    /// `size` bytes of the content from `offset`, read under the lock (no snapshot: that
+    /// would copy the journal bookkeeping on every read).
+    pub fn read(&self, offset: u64, size: u64) -> Vec<u8> {
+        lock(&self.state).data.read(offset, size)
+    }
+
     /// The current content as segments and its version, for a journal record.
     pub fn content(&self) -> (u64, Vec<bytes::Bytes>) {
         let s = lock(&self.state);

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use bytes::Bytes;
 use tracing::warn;
 
-use super::{Entry, JOURNAL_DIR, Journal, RecordRef, create, record, write_all_at};
+use super::{Entry, JOURNAL_DIR, Journal, RecordRef, append_at, create, record};
 use crate::core::array::lock;
 use crate::shard::ChunkRange;
 
@@ -142,11 +142,8 @@ impl Journal {
                 at += head + nbytes;
                 buffers.extend(bufs);
             }
-            if let Err(e) = write_all_at(&b.file, &buffers, b.len) {
-                let _ = b.file.set_len(b.len);
-                return Err(e);
-            }
-            b.len = at;
+            b.len = append_at(&b.file, &buffers, b.len)?;
+            debug_assert_eq!(b.len, at);
             // Counted while the body is still held: a shard write that takes it next must
             // not find it empty and remove it.
             if let Some(entry) = lock(&self.bodies).get_mut(&body.path) {
@@ -259,8 +256,7 @@ impl Finishing<'_> {
     /// Appends `buffers` at the end (no sync). The file then ends there, whatever a
     /// failed append left past its end before: its index must be its last bytes.
     pub fn append(&mut self, buffers: &[Bytes]) -> io::Result<()> {
-        write_all_at(&self.file.file, buffers, self.file.len)?;
-        self.file.len += buffers.iter().map(|b| b.len() as u64).sum::<u64>();
+        self.file.len = append_at(&self.file.file, buffers, self.file.len)?;
         if self.file.file.metadata()?.len() != self.file.len {
             self.file.file.set_len(self.file.len)?;
         }

@@ -185,7 +185,6 @@ impl Journal {
             self.rotate(&mut cur)?;
         }
         let mut buffers: Vec<Bytes> = Vec::new();
-        let mut ids = Vec::with_capacity(entries.len());
         for e in entries {
             let key = (e.array.to_path_buf(), e.meta.to_vec());
             let next = cur.layouts.len() as u32;
@@ -194,37 +193,14 @@ impl Journal {
                 let text = e.array.to_string_lossy();
                 buffers.push(Bytes::from(record::encode_layout(layout, &text, e.meta)));
             }
-            ids.push(e.id);
             buffers.extend(record::encode_chunk(layout, e.id, e.coords, e.data));
         }
-        let len: u64 = buffers.iter().map(|b| b.len() as u64).sum();
-        let start = cur.bytes;
-        let written = write_all_at(&cur.file, &buffers, start);
-        if let Err(e) = written {
-            // A partial append is cut off again, so that what follows is not behind a
-            // torn record (the space may come back).
-            let _ = cur.file.set_len(start);
-            return Err(e);
-        }
-        cur.bytes += len;
-        let path = cur.path.clone();
-        {
-            let mut segs = lock(&self.segments);
-            let seg = segs
-                .entry(path.clone())
-                .or_insert(Segment { live: 0, bytes: 0 });
-            seg.live += entries.len() as u64;
-            seg.bytes = cur.bytes;
-        }
-        let mut sync = lock(&self.sync);
-        sync.written += 1;
-        let seq = sync.written;
-        drop(sync);
-        let refs = ids
-            .into_iter()
-            .map(|id| RecordRef {
-                segment: path.clone(),
-                id,
+        let seq = self.append_current(&mut cur, &buffers, entries.len() as u64)?;
+        let refs = entries
+            .iter()
+            .map(|e| RecordRef {
+                segment: cur.path.clone(),
+                id: e.id,
             })
             .collect();
         Ok((refs, seq))
@@ -352,20 +328,25 @@ impl Journal {
     /// Appends bytes to the current segment without waiting for a sync.
     fn append_raw(&self, bytes: Vec<u8>) -> io::Result<()> {
         let mut cur = lock(&self.current);
-        let start = cur.bytes;
-        if let Err(e) = cur.file.write_all_at(&bytes, start) {
-            let _ = cur.file.set_len(start);
-            return Err(e);
+        self.append_current(&mut cur, &[Bytes::from(bytes)], 0)
+            .map(|_| ())
+    }
+
+    /// Appends `buffers` to the current segment and books them: `live` more live records,
+    /// one more append for the next sync to cover. Returns that append's number.
+    fn append_current(&self, cur: &mut Current, buffers: &[Bytes], live: u64) -> io::Result<u64> {
+        cur.bytes = append_at(&cur.file, buffers, cur.bytes)?;
+        {
+            let mut segs = lock(&self.segments);
+            let seg = segs
+                .entry(cur.path.clone())
+                .or_insert(Segment { live: 0, bytes: 0 });
+            seg.live += live;
+            seg.bytes = cur.bytes;
         }
-        cur.bytes += bytes.len() as u64;
-        let (path, total) = (cur.path.clone(), cur.bytes);
-        drop(cur);
-        lock(&self.segments)
-            .entry(path)
-            .or_insert(Segment { live: 0, bytes: 0 })
-            .bytes = total;
-        lock(&self.sync).written += 1;
-        Ok(())
+        let mut sync = lock(&self.sync);
+        sync.written += 1;
+        Ok(sync.written)
     }
 
     /// Makes everything appended so far durable (retirements included). Free when
@@ -423,8 +404,7 @@ impl Journal {
 
     /// Bytes held by segments with live records, and by bodies.
     pub fn bytes(&self) -> u64 {
-        let bodies: u64 = lock(&self.bodies).values().map(|b| b.bytes).sum();
-        lock(&self.segments).values().map(|s| s.bytes).sum::<u64>() + bodies
+        self.report().journal_bytes
     }
 
     pub fn report(&self) -> JournalReport {
@@ -452,10 +432,8 @@ impl Journal {
     pub fn adopt_dead(&self) -> io::Result<Vec<Replayed>> {
         let dir = Path::new(JOURNAL_DIR);
         let mut ids: Vec<String> = self
-            .backing
-            .list(dir)?
+            .file_names()?
             .into_iter()
-            .filter_map(|e| e.name.into_string().ok())
             .filter_map(|n| n.strip_suffix(".lock").map(str::to_string))
             .filter(|id| *id != self.id)
             .collect();
@@ -489,6 +467,16 @@ impl Journal {
         Ok(out)
     }
 
+    /// The names in the journal directory (journals' files are all UTF-8 named).
+    fn file_names(&self) -> io::Result<Vec<String>> {
+        Ok(self
+            .backing
+            .list(Path::new(JOURNAL_DIR))?
+            .into_iter()
+            .filter_map(|e| e.name.into_string().ok())
+            .collect())
+    }
+
     fn read_journal(&self, id: &str, out: &mut Vec<Replayed>) -> io::Result<()> {
         let first = out.len();
         self.read_files(id, out)?;
@@ -500,15 +488,13 @@ impl Journal {
     fn read_files(&self, id: &str, out: &mut Vec<Replayed>) -> io::Result<()> {
         let dir = Path::new(JOURNAL_DIR);
         let mut names: Vec<String> = self
-            .backing
-            .list(dir)?
+            .file_names()?
             .into_iter()
-            .filter_map(|e| e.name.into_string().ok())
             .filter(|n| n.starts_with(&format!("{id}.")))
             .filter(|n| n.ends_with(".seg") || n.ends_with(".body"))
             .collect();
         names.sort();
-        let mut segments = Vec::new();
+        let mut files = Vec::new();
         let mut retired = std::collections::BTreeSet::new();
         for name in names {
             let path = dir.join(&name);
@@ -519,72 +505,77 @@ impl Journal {
                     retired.extend(ids.iter().copied());
                 }
             }
-            segments.push((path, bytes.len(), records, valid));
-        }
-        for (path, len, records, valid) in segments {
-            if valid < len {
-                warn!(segment = %path.display(), dropped = len - valid,
+            if valid < bytes.len() {
+                warn!(segment = %path.display(), dropped = bytes.len() - valid,
                     "torn end of a journal segment dropped (its fsync never returned)");
             }
-            let mut layouts: BTreeMap<u32, (PathBuf, Vec<u8>)> = BTreeMap::new();
-            let mut chunks = 0;
-            let mut retired_some = false;
-            for r in records {
-                match r {
-                    record::Record::Layout { id, array, meta } => {
-                        layouts.insert(id, (PathBuf::from(array), meta));
-                    }
-                    record::Record::Chunk {
-                        layout,
-                        id,
-                        coords,
-                        data,
-                    } => {
-                        let Some((array, meta)) = layouts.get(&layout) else {
-                            continue;
-                        };
-                        // Retired: durable in its shard, and maybe replaced since.
-                        if retired.contains(&id) {
-                            retired_some = true;
-                            continue;
-                        }
-                        chunks += 1;
-                        out.push(Replayed {
-                            array: array.clone(),
-                            meta: meta.clone(),
-                            coords,
-                            data,
-                            record: RecordRef {
-                                segment: path.clone(),
-                                id,
-                            },
-                        });
-                    }
-                    record::Record::Retire { .. } => {}
-                }
-            }
+            files.push((path, valid as u64, records));
+        }
+        for (path, bytes, records) in files {
+            let (live, retired_some) = replayed_from(&path, records, &retired, out);
             if body::is_body(&path) {
                 let entry = body::BodyEntry {
-                    live: chunks,
-                    bytes: valid as u64,
+                    live,
+                    bytes,
                     finished: true,
                     retired_some,
                 };
                 lock(&self.bodies).insert(path, entry);
-                continue;
+            } else {
+                // Kept in order even with nothing live: its retirements may name records
+                // of an earlier segment. Segments go oldest first (see `retire`).
+                lock(&self.segments).insert(path, Segment { live, bytes });
             }
-            // Kept in order even with nothing live: its retirements may name records of
-            // an earlier segment. Segments go oldest first (see `retire`).
-            lock(&self.segments).insert(
-                path,
-                Segment {
-                    live: chunks,
-                    bytes: valid as u64,
-                },
-            );
         }
         Ok(())
     }
+}
+
+/// Puts the chunk records of the file at `path` that are not `retired` into `out`, with
+/// the layouts they name. Returns how many, and whether some were retired.
+fn replayed_from(
+    path: &Path,
+    records: Vec<record::Record>,
+    retired: &std::collections::BTreeSet<u64>,
+    out: &mut Vec<Replayed>,
+) -> (u64, bool) {
+    let mut layouts: BTreeMap<u32, (PathBuf, Vec<u8>)> = BTreeMap::new();
+    let (mut live, mut retired_some) = (0, false);
+    for r in records {
+        match r {
+            record::Record::Layout { id, array, meta } => {
+                layouts.insert(id, (PathBuf::from(array), meta));
+            }
+            record::Record::Chunk {
+                layout,
+                id,
+                coords,
+                data,
+            } => {
+                let Some((array, meta)) = layouts.get(&layout) else {
+                    continue;
+                };
+                // Retired: durable in its shard, and maybe replaced since.
+                if retired.contains(&id) {
+                    retired_some = true;
+                    continue;
+                }
+                live += 1;
+                out.push(Replayed {
+                    array: array.clone(),
+                    meta: meta.clone(),
+                    coords,
+                    data,
+                    record: RecordRef {
+                        segment: path.to_path_buf(),
+                        id,
+                    },
+                });
+            }
+            record::Record::Retire { .. } => {}
+        }
+    }
+    (live, retired_some)
 }
 
 /// The segments that can go: per journal, from the oldest, those with no live record (the
@@ -649,14 +640,19 @@ fn new_id() -> String {
     format!("{host}-{}-{nanos:x}", std::process::id())
 }
 
-/// Writes `buffers` at `offset`, looping over short writes.
-fn write_all_at(file: &File, buffers: &[Bytes], offset: u64) -> io::Result<()> {
-    let mut at = offset;
+/// Writes `buffers` at `start`, looping over short writes, and returns the new end. A
+/// failed append is cut back to `start`, so that nothing follows a torn record (the space
+/// may come back).
+fn append_at(file: &File, buffers: &[Bytes], start: u64) -> io::Result<u64> {
+    let mut at = start;
     for b in buffers {
-        file.write_all_at(b, at)?;
+        if let Err(e) = file.write_all_at(b, at) {
+            let _ = file.set_len(start);
+            return Err(e);
+        }
         at += b.len() as u64;
     }
-    Ok(())
+    Ok(at)
 }
 
 #[cfg(test)]

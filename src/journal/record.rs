@@ -45,16 +45,14 @@ pub enum Record {
     },
 }
 
-/// The header and the fixed part of a record, ready to be written before `data`.
+/// A layout record.
 pub fn encode_layout(id: u32, array: &str, meta: &[u8]) -> Vec<u8> {
     let mut payload = Vec::with_capacity(8 + array.len() + meta.len());
     payload.extend_from_slice(&id.to_le_bytes());
     payload.extend_from_slice(&(array.len() as u32).to_le_bytes());
     payload.extend_from_slice(array.as_bytes());
     payload.extend_from_slice(meta);
-    let mut out = header(LAYOUT, payload.len() as u64, crc32c::crc32c(&payload));
-    out.extend_from_slice(&payload);
-    out
+    framed(LAYOUT, payload)
 }
 
 /// A chunk record as buffers: header and fixed part in the first, then `data` as it is
@@ -88,7 +86,12 @@ pub fn encode_retire(ids: &[u64]) -> Vec<u8> {
     for id in ids {
         payload.extend_from_slice(&id.to_le_bytes());
     }
-    let mut out = header(RETIRE, payload.len() as u64, crc32c::crc32c(&payload));
+    framed(RETIRE, payload)
+}
+
+/// A whole record: the header for `payload`, then the payload.
+fn framed(kind: u8, payload: Vec<u8>) -> Vec<u8> {
+    let mut out = header(kind, payload.len() as u64, crc32c::crc32c(&payload));
     out.extend_from_slice(&payload);
     out
 }

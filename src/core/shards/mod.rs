@@ -87,7 +87,7 @@ struct ShardSlot {
 }
 
 #[derive(Debug, Default)]
-struct ShardState {
+pub(crate) struct ShardState {
     stored: Option<StoredIndex>,
     /// Chunks written through the mount and not yet in the shard file.
     pending: BTreeMap<usize, Arc<MemFile>>,
@@ -109,13 +109,13 @@ struct ShardState {
 impl ShardState {
     /// Nothing of it needs to stay: no data waits in it. (What a round has done so far
     /// only saves a partial write later; a failure is retried by whoever writes again.)
-    fn clean(&self) -> bool {
+    pub(crate) fn clean(&self) -> bool {
         self.pending.is_empty() && self.deleted.is_empty()
     }
 
     /// Whether a deletion here would come back after a crash: the shard file (as last
     /// seen) holds the chunk, or the journal holds a version of it.
-    fn deletion_to_write(&self) -> bool {
+    pub(crate) fn deletion_to_write(&self) -> bool {
         self.deleted.iter().any(|p| {
             self.superseded.get(p).is_some_and(|r| !r.is_empty())
                 || match &self.stored {
@@ -486,12 +486,11 @@ impl ShardRegistry {
         let prefix = node.prefix();
         let cps = array.layout.chunks_per_shard().to_vec();
         let shard_prefix: Vec<u64> = prefix.iter().zip(&cps).map(|(c, n)| c / n).collect();
-        let in_memory: BTreeSet<Vec<u64>> = lock(&self.slots)
-            // Shards sort by coordinates: those below the prefix are one run of the map.
-            .range((array.rel.clone(), shard_prefix.clone())..)
-            .take_while(|((rel, shard), _)| *rel == array.rel && shard.starts_with(&shard_prefix))
-            .filter(|(_, slot)| !lock(&slot.state).pending.is_empty())
-            .map(|((_, shard), _)| shard.clone())
+        let in_memory: BTreeSet<Vec<u64>> = self
+            .slots_below(&array.rel, &shard_prefix)
+            .into_iter()
+            .filter(|slot| !lock(&slot.state).pending.is_empty())
+            .map(|slot| slot.shard.clone())
             .collect();
         for shard in &in_memory {
             if self
@@ -779,25 +778,25 @@ impl ShardRegistry {
         }
     }
 
-    /// The pending chunks of `array` in shards below `shard_prefix`, with their
-    /// coordinates; with `to_journal`, only those whose writer closed or fsynced them and
-    /// whose content is not in the journal yet (an fsync of their directory takes them).
-    pub fn pending_files(
-        &self,
-        array: &Path,
-        shard_prefix: &[u64],
-        to_journal: bool,
-    ) -> Vec<(Arc<ArrayState>, Vec<u64>, Arc<MemFile>)> {
-        let slots: Vec<Arc<ShardSlot>> = lock(&self.slots)
+    /// The slots of `array` whose shards lie below `shard_prefix`: shards sort by
+    /// coordinates, so they are one run of the map.
+    fn slots_below(&self, array: &Path, shard_prefix: &[u64]) -> Vec<Arc<ShardSlot>> {
+        lock(&self.slots)
             .range((array.to_path_buf(), shard_prefix.to_vec())..)
             .take_while(|((rel, shard), _)| rel == array && shard.starts_with(shard_prefix))
             .map(|(_, slot)| slot.clone())
-            .collect();
+            .collect()
+    }
+
+    /// The pending chunks of `array` in shards below `shard_prefix` that an fsync of their
+    /// directory makes durable: closed or fsynced by their writer, and not in the journal
+    /// at their current content yet. With their coordinates.
+    pub fn files_to_journal(&self, array: &Path, shard_prefix: &[u64]) -> Vec<PendingChunk> {
         let mut out = Vec::new();
-        for slot in slots {
+        for slot in self.slots_below(array, shard_prefix) {
             let st = lock(&slot.state);
             for (pos, m) in &st.pending {
-                if to_journal && !(m.durable_on_request() && m.needs_journal()) {
+                if !(m.durable_on_request() && m.needs_journal()) {
                     continue;
                 }
                 let coords = slot.array.layout.chunk_coords(&slot.shard, *pos);
@@ -807,24 +806,20 @@ impl ShardRegistry {
         out
     }
 
-    /// Writes the shards of `array` below `shard_prefix` where a deletion through the
-    /// mount is not durable yet (deletions are not journaled): a deleted chunk that the
-    /// shard file holds, or whose content was journaled. Every such shard is tried; the
-    /// first error is returned.
-    pub(crate) fn write_deletions_below(
+    /// Writes, whole (`WriteMode::Everything`), the shards of `array` below `shard_prefix`
+    /// whose state `which` picks. Every one is tried; the first error is returned.
+    pub(crate) fn write_below(
         &self,
         backing: &Backing,
         array: &Path,
         shard_prefix: &[u64],
+        which: impl Fn(&ShardState) -> bool,
     ) -> Result<(), FsError> {
-        let slots: Vec<Arc<ShardSlot>> = lock(&self.slots)
-            .range((array.to_path_buf(), shard_prefix.to_vec())..)
-            .take_while(|((rel, shard), _)| rel == array && shard.starts_with(shard_prefix))
-            .filter(|(_, slot)| lock(&slot.state).deletion_to_write())
-            .map(|(_, slot)| slot.clone())
-            .collect();
         let mut first_error = None;
-        for slot in slots {
+        for slot in self.slots_below(array, shard_prefix) {
+            if !which(&lock(&slot.state)) {
+                continue;
+            }
             if let Err(e) = self.write_slot(backing, &slot, WriteMode::Everything) {
                 first_error.get_or_insert(e);
             }
@@ -853,10 +848,7 @@ impl ShardRegistry {
                     chunks: st.pending.len(),
                     last_change: st.last_change.max(touched),
                     journaled: !st.superseded.is_empty()
-                        || st
-                            .pending
-                            .values()
-                            .any(|m| m.snapshot().journaled.is_some()),
+                        || st.pending.values().any(|m| m.is_journaled()),
                     failure: st.failure.clone(),
                     all_settled: st.pending.values().all(|m| m.settled()),
                 })

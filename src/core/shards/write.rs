@@ -64,8 +64,8 @@ fn choose(slot: &ShardSlot, take_all: bool) -> Option<Taken> {
         .iter()
         .filter(|(_, m)| take_all || m.settled())
         .map(|(pos, m)| {
-            let snap = m.snapshot();
-            (*pos, m.clone(), snap.version, snap.data.segments())
+            let (version, segments) = m.content();
+            (*pos, m.clone(), version, segments)
         })
         .collect();
     if chosen.is_empty() && st.deleted.is_empty() {
@@ -306,22 +306,33 @@ impl ShardJob<'_> {
             None => Durability::Later,
         };
         let meta = key.replace(encoded.buffers(), durability)?;
+        debug!(shard = %self.rel.display(), bytes = encoded.len(), mode = ?self.mode, "shard written");
+        Ok(self.written(reg, encoded.len(), &meta, encoded.index().clone()))
+    }
+
+    /// Counts a shard written (`bytes` of it by this write) and describes the new file.
+    fn written(
+        &self,
+        reg: &ShardRegistry,
+        bytes: u64,
+        meta: &std::fs::Metadata,
+        index: ShardIndex,
+    ) -> Written {
         Stats::add(&reg.stats.shards_written, 1);
-        Stats::add(&reg.stats.bytes_written, encoded.len());
+        Stats::add(&reg.stats.bytes_written, bytes);
         if self.mode != WriteMode::Complete {
             Stats::add(&reg.stats.partial_writes, 1);
         }
-        debug!(shard = %self.rel.display(), bytes = encoded.len(), mode = ?self.mode, "shard written");
-        Ok(Written {
+        Written {
             stored: Some(StoredIndex {
                 format: self.format.clone(),
-                version: crate::backing::FileVersion::of(&meta),
-                mtime: crate::backing::mtime_of(&meta),
-                index: Ok(Arc::new(encoded.index().clone())),
+                version: crate::backing::FileVersion::of(meta),
+                mtime: crate::backing::mtime_of(meta),
+                index: Ok(Arc::new(index)),
             }),
             from_body: false,
             durable: false,
-        })
+        }
     }
 
     /// The shard made from its body: the chunks the body holds at the version chosen are
@@ -371,22 +382,12 @@ impl ShardJob<'_> {
             )
             .is_ok();
         let meta = body.metadata()?;
-        Stats::add(&reg.stats.shards_written, 1);
         Stats::add(&reg.stats.shards_from_bodies, 1);
-        Stats::add(&reg.stats.bytes_written, body.len() - start);
-        if self.mode != WriteMode::Complete {
-            Stats::add(&reg.stats.partial_writes, 1);
-        }
         debug!(shard = %self.rel.display(), bytes = body.len(), mode = ?self.mode, "shard written from its body");
         Ok(Some(Written {
-            stored: Some(StoredIndex {
-                format: self.format.clone(),
-                version: crate::backing::FileVersion::of(&meta),
-                mtime: crate::backing::mtime_of(&meta),
-                index: Ok(Arc::new(index)),
-            }),
             from_body: true,
             durable,
+            ..self.written(reg, body.len() - start, &meta, index)
         }))
     }
 
