@@ -748,3 +748,40 @@ fn a_full_journal_disk_fails_fsync_and_loses_nothing() {
     drop(m);
     drop(tmp);
 }
+
+#[test]
+fn a_failed_journal_append_leaves_no_later_record_unreadable() {
+    // A shard that exists journals into the shared segments. An append that fails (disk
+    // full) must not leave the array's layout booked as written: the next append's record
+    // would then follow no layout record, and replay after a crash would drop it.
+    let (d, _, _) = dirs();
+    let tmp = common::mount::Tmpfs::new(&d.path().join("small"), "1m");
+    let backing = tmp.0.clone();
+    let args = ["--chunks-per-shard", "2", "--idle-flush", "600"];
+    let m = Mounted::new(&backing, &args, LIMIT);
+    let a = m.path("a");
+    fs::create_dir(&a).unwrap();
+    fs::write(a.join("zarr.json"), array_json(2, 64)).unwrap();
+    fs::create_dir_all(a.join("c/0")).unwrap();
+    fs::write(a.join("c/0/0"), [1; 4096]).unwrap();
+    assert_ok(&m.unmount(&[]), "unmount");
+    let m = Mounted::new(&backing, &args, LIMIT);
+    let mut filler = fs::File::create(backing.join("filler")).unwrap();
+    let block = vec![0u8; 64 * 1024];
+    while filler.write_all(&block).is_ok() {}
+    drop(filler);
+    let mut f = fs::File::create(m.path("a/c/0/1")).unwrap();
+    f.write_all(&[2; 4096]).unwrap();
+    assert_eq!(errno_of(f.sync_all()), Some(libc::ENOSPC));
+    fs::remove_file(backing.join("filler")).unwrap();
+    f.sync_all().unwrap();
+    m.kill_daemon();
+    drop(f);
+    assert_eq!(m.unmount(&[]).status.code(), Some(1));
+    let m = Mounted::new(&backing, &args, LIMIT);
+    assert_eq!(stats(&m)["replayed_records"], 1);
+    assert_eq!(fs::read(m.path("a/c/0/1")).unwrap(), vec![2; 4096]);
+    assert_eq!(fs::read(m.path("a/c/0/0")).unwrap(), vec![1; 4096]);
+    assert_ok(&m.unmount(&[]), "unmount");
+    drop(tmp);
+}

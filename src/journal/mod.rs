@@ -185,17 +185,25 @@ impl Journal {
             self.rotate(&mut cur)?;
         }
         let mut buffers: Vec<Bytes> = Vec::new();
+        // Layouts new to this segment are booked only once their records are written: a
+        // failed append must not leave chunks of a later one behind a layout never written.
+        let mut new_layouts: BTreeMap<(PathBuf, Vec<u8>), u32> = BTreeMap::new();
         for e in entries {
             let key = (e.array.to_path_buf(), e.meta.to_vec());
-            let next = cur.layouts.len() as u32;
-            let layout = *cur.layouts.entry(key).or_insert(next);
-            if layout == next {
-                let text = e.array.to_string_lossy();
-                buffers.push(Bytes::from(record::encode_layout(layout, &text, e.meta)));
-            }
+            let layout = match cur.layouts.get(&key).or(new_layouts.get(&key)) {
+                Some(id) => *id,
+                None => {
+                    let id = (cur.layouts.len() + new_layouts.len()) as u32;
+                    let text = e.array.to_string_lossy();
+                    buffers.push(Bytes::from(record::encode_layout(id, &text, e.meta)));
+                    new_layouts.insert(key, id);
+                    id
+                }
+            };
             buffers.extend(record::encode_chunk(layout, e.id, e.coords, e.data));
         }
         let seq = self.append_current(&mut cur, &buffers, entries.len() as u64)?;
+        cur.layouts.extend(new_layouts);
         let refs = entries
             .iter()
             .map(|e| RecordRef {
