@@ -314,6 +314,9 @@ def per_array(args):
         m = Mounted(args.shardfs, backing, mnt)
         try:
             a = os.path.join(mnt, "a", "c")
+            # First, with nothing cached in the daemon: the listing of the top key
+            # directory, whose entries grow with the array (its cost per entry should not).
+            ls_s = timed(lambda: os.listdir(a))
             stat_ms = latency(lambda k: os.stat(f"{a}/{k[0]}/{k[1]}"), keys)
             read_ms = latency(lambda k: open(f"{a}/{k[0]}/{(k[1] + 1) % grid[1]}",
                                              "rb").read(), keys)
@@ -332,7 +335,8 @@ def per_array(args):
         native_zarr_ms = latency(lambda k: zarr_one_chunk(os.path.join(backing, "a"), k),
                                  keys[:50])
         chunks = grid[0] * grid[1]
-        row = {"shards": shards, "chunks": chunks, "stat_ms": stat_ms, "open_read_ms": read_ms,
+        row = {"shards": shards, "chunks": chunks, "ls_top_ms": ls_s * 1e3,
+               "ls_top_us_per_entry": ls_s / grid[0] * 1e6, "stat_ms": stat_ms, "open_read_ms": read_ms,
                "find_s": find_s, "find_us_per_chunk": find_s / chunks * 1e6,
                "native_find_s_over_shard_files": native_find,
                "native_sharded_open_read_ms": native_read_ms,
@@ -379,8 +383,8 @@ def markdown(results):
                      f"{r['daemon_peak_rss_mib']:.0f} MiB |")
     lines += ["", "| shards | chunks | stat | open+read | native sharded open+read |"
               " zarr-python open array + read chunk (native sharded) | find |"
-              " find per chunk | native find (shard files) | peak RSS |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              " find per chunk | native find (shard files) | ls c/ per entry | peak RSS |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results["per_array"].values():
         lines.append(f"| {r['shards']} | {r['chunks']} | {r['stat_ms']:.3f} ms | "
                      f"{r['open_read_ms']:.3f} ms | {r['native_sharded_open_read_ms']:.3f} ms | "
@@ -389,5 +393,6 @@ def markdown(results):
                      f"{r['find_s']:.2f} s | "
                      f"{r['find_us_per_chunk']:.1f} us | "
                      f"{r['native_find_s_over_shard_files']:.2f} s | "
+                     f"{r['ls_top_us_per_entry']:.0f} us | "
                      f"{r['daemon_peak_rss_mib']:.0f} MiB |")
     return "\n".join(lines) + "\n"

@@ -186,3 +186,92 @@ fn a_damaged_shard_is_eio_for_its_chunks_only() {
         }
     }
 }
+
+/// The listing of every key directory of `array`, as the set of chunk `keys` (`/`
+/// separated, relative to the array) says it must be: each directory lists the next part
+/// of the keys below it, a file when that part is the last.
+fn assert_key_listings(fs: &ShardFs, array: &str, keys: &std::collections::BTreeSet<String>) {
+    use std::collections::{BTreeMap, BTreeSet};
+    // (name, is a directory)
+    let mut dirs: BTreeMap<String, BTreeSet<(String, bool)>> = BTreeMap::new();
+    for key in keys {
+        let parts: Vec<&str> = key.split('/').collect();
+        for depth in 0..parts.len() {
+            let kind = depth + 1 < parts.len();
+            let dir = parts[..depth].join("/");
+            let entry = (parts[depth].to_string(), kind);
+            dirs.entry(dir).or_default().insert(entry);
+        }
+    }
+    for (dir, expected) in &dirs {
+        let ino = walk(fs, &format!("{array}/{dir}")).unwrap();
+        let got: BTreeSet<(String, bool)> = listing(fs, ino)
+            .into_iter()
+            .filter(|(n, _)| n != "zarr.json")
+            .map(|(n, kind)| (n, kind == FileType::Dir))
+            .collect();
+        assert_eq!(&got, expected, "listing of {array}/{dir}");
+    }
+}
+
+#[test]
+fn key_listings_find_entries_that_only_later_shards_hold() {
+    let (dir, manifest) = native();
+    let fs = core_over(dir.path());
+    for array in &manifest {
+        let name = array["name"].as_str().unwrap();
+        let keys: std::collections::BTreeSet<String> = array["chunk_files"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .filter(|k| !k.contains('.'))
+            .cloned()
+            .collect();
+        if !keys.is_empty() {
+            assert_key_listings(&fs, name, &keys);
+        }
+    }
+    // The 4-d array (chunk grid 3x3x3x2, 2x2x2x1 chunks per shard): take out of its first
+    // shard every chunk whose first coordinate is 1. A listing that stopped at the first
+    // shard of a group would then miss the `1` that the other shards still hold.
+    let name = "zp_4d_start_zstd_v2slash";
+    let mut keys: std::collections::BTreeSet<String> = manifest[3]["chunk_files"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect();
+    let first_shard: Vec<String> = keys
+        .iter()
+        .filter(|k| {
+            let c: Vec<u64> = k.split('/').map(|p| p.parse().unwrap()).collect();
+            c[0] == 1 && c[1] < 2 && c[2] < 2 && c[3] == 0
+        })
+        .cloned()
+        .collect();
+    assert!(!first_shard.is_empty());
+    let unlink = |key: &str| {
+        let (parent, leaf) = key.rsplit_once('/').unwrap();
+        let p = walk(&fs, &format!("{name}/{parent}")).unwrap();
+        fs.unlink(p, OsStr::new(leaf)).unwrap();
+    };
+    for key in &first_shard {
+        unlink(key);
+        keys.remove(key);
+    }
+    assert!(keys.iter().any(|k| k.starts_with("1/")));
+    assert_key_listings(&fs, name, &keys);
+    // And with no chunk of first coordinate 1 left anywhere, `1` is gone from the root.
+    let rest: Vec<String> = keys
+        .iter()
+        .filter(|k| k.starts_with("1/"))
+        .cloned()
+        .collect();
+    for key in &rest {
+        unlink(key);
+        keys.remove(key);
+    }
+    assert_key_listings(&fs, name, &keys);
+    let root = walk(&fs, name).unwrap();
+    assert!(!listing(&fs, root).iter().any(|(n, _)| n == "1"));
+}

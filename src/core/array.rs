@@ -81,6 +81,32 @@ impl ArrayState {
         Ok(())
     }
 
+    /// The shard indices of coordinate `shard_prefix.len()` that have a directory below
+    /// the key-tree directory of `shard_prefix` in BACKING, ascending. Only for a `/`
+    /// separated key whose shards lie at least one level further down.
+    pub fn shard_coords_below(
+        &self,
+        backing: &Backing,
+        shard_prefix: &[u64],
+    ) -> Result<Vec<u64>, FsError> {
+        let encoding = self.layout.key_encoding;
+        let dir = join_rel(&self.rel, encoding.prefix_dir(shard_prefix).as_ref());
+        let node = KeyNode::Dir(shard_prefix.to_vec());
+        let mut out: Vec<u64> = backing
+            .list(&dir)?
+            .into_iter()
+            .filter(|e| e.kind.is_dir())
+            .filter_map(
+                |e| match encoding.child(&node, e.name.to_str()?, self.layout.ndim()) {
+                    Some(KeyNode::Dir(coords)) => coords.last().copied(),
+                    _ => None,
+                },
+            )
+            .collect();
+        out.sort_unstable();
+        Ok(out)
+    }
+
     fn walk_dir(
         &self,
         backing: &Backing,

@@ -486,6 +486,10 @@ impl ShardFs {
                 ListEntry::new(&e.name, ft)
             })
             .collect();
+        let mut shown: std::collections::HashSet<String> = out
+            .iter()
+            .filter_map(|e| e.name.to_str().map(str::to_string))
+            .collect();
         // Key directories made with mkdir, holding only files in memory, or holding files
         // of BACKING that are not part of the key tree.
         let with_extras: Vec<String> = self
@@ -494,6 +498,8 @@ impl ShardFs {
             .into_iter()
             .filter(|e| e.kind.is_dir())
             .filter_map(|e| e.name.into_string().ok())
+            // Entries already shown need no look inside (that look walks their subtree).
+            .filter(|name| !shown.contains(name.as_str()))
             .filter(|name| {
                 let child = rel.join(name);
                 match array.classify_name(node, name) {
@@ -520,9 +526,10 @@ impl ShardFs {
             if matches!(
                 array.classify_name(node, &name),
                 ArrayName::Key(KeyNode::Dir(_))
-            ) && !out.iter().any(|e| e.name == name.as_str())
+            ) && !shown.contains(&name)
             {
                 out.push(ListEntry::new(&name, FileType::Dir));
+                shown.insert(name);
             }
         }
         Ok(out)

@@ -9,11 +9,11 @@
 //! `stored.rs` reads shard files.
 
 mod body;
+mod list;
 mod stored;
 mod write;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -21,14 +21,12 @@ use std::time::{Instant, SystemTime};
 
 use bytes::Bytes;
 
-use super::array::{ArrayState, KeyEntry, lock};
+use super::array::{ArrayState, lock};
 use super::error::FsError;
 use super::memfile::{FileData, MemFile};
 use super::stats::Stats;
 use crate::backing::Backing;
-use crate::grid;
 use crate::shard::IndexError;
-use crate::zarr::KeyNode;
 pub(crate) use body::PendingChunk;
 pub use stored::StoredChunk;
 use stored::{OpenShard, StoredIndex, open_shard};
@@ -468,115 +466,6 @@ impl ShardRegistry {
                 }),
             },
         })
-    }
-
-    /// Calls `f` with every chunk below `node` that exists (stored, not deleted, or
-    /// pending), shard by shard, until `f` breaks. A damaged shard contributes every
-    /// position of it inside the array, so that its chunks show up (and fail to read)
-    /// rather than vanish. Shards in memory come first, then BACKING's shard files, walked
-    /// lazily: a question answered by the first chunk found reads one directory per level
-    /// and one index, whatever the array's size.
-    fn for_each_chunk_below(
-        &self,
-        backing: &Backing,
-        array: &Arc<ArrayState>,
-        node: &KeyNode,
-        mut f: impl FnMut(Vec<u64>) -> ControlFlow<()>,
-    ) -> Result<(), FsError> {
-        let prefix = node.prefix();
-        let cps = array.layout.chunks_per_shard().to_vec();
-        let shard_prefix: Vec<u64> = prefix.iter().zip(&cps).map(|(c, n)| c / n).collect();
-        let in_memory: BTreeSet<Vec<u64>> = self
-            .slots_below(&array.rel, &shard_prefix)
-            .into_iter()
-            .filter(|slot| !lock(&slot.state).pending.is_empty())
-            .map(|slot| slot.shard.clone())
-            .collect();
-        for shard in &in_memory {
-            if self
-                .visit_shard(backing, array, shard, prefix, &mut f)?
-                .is_break()
-            {
-                return Ok(());
-            }
-        }
-        let mut failed = None;
-        array.walk_shard_files(backing, &shard_prefix, &mut |shard| {
-            if in_memory.contains(&shard) {
-                return ControlFlow::Continue(());
-            }
-            self.visit_shard(backing, array, &shard, prefix, &mut f)
-                .unwrap_or_else(|e| {
-                    failed = Some(e);
-                    ControlFlow::Break(())
-                })
-        })?;
-        failed.map_or(Ok(()), Err)
-    }
-
-    /// Calls `f` with the chunks of one shard whose coordinates start with `prefix`.
-    fn visit_shard(
-        &self,
-        backing: &Backing,
-        array: &Arc<ArrayState>,
-        shard: &[u64],
-        prefix: &[u64],
-        f: &mut impl FnMut(Vec<u64>) -> ControlFlow<()>,
-    ) -> Result<ControlFlow<()>, FsError> {
-        let slot = self.slot(backing, array, shard)?;
-        let positions: BTreeSet<usize> = {
-            let mut st = lock(&slot.state);
-            let mut positions: BTreeSet<usize> =
-                match self.open_stored(backing, &slot, shard, &mut st)? {
-                    None => BTreeSet::new(),
-                    Some(OpenShard { stored, .. }) => match stored.index {
-                        Ok(index) => index.present().map(|(p, _)| p).collect(),
-                        Err(_) => (0..grid::count(array.layout.chunks_per_shard())).collect(),
-                    },
-                };
-            positions.retain(|p| !st.deleted.contains(p));
-            positions.extend(st.pending.keys().copied());
-            positions
-        };
-        for pos in positions {
-            let coords = array.layout.chunk_coords(shard, pos);
-            if coords.starts_with(prefix) && array.chunk_inside(&coords) && f(coords).is_break() {
-                return Ok(ControlFlow::Break(()));
-            }
-        }
-        Ok(ControlFlow::Continue(()))
-    }
-
-    pub fn has_chunks_below(
-        &self,
-        backing: &Backing,
-        array: &Arc<ArrayState>,
-        node: &KeyNode,
-    ) -> Result<bool, FsError> {
-        let mut found = false;
-        self.for_each_chunk_below(backing, array, node, |_| {
-            found = true;
-            ControlFlow::Break(())
-        })?;
-        Ok(found)
-    }
-
-    /// The entries of `node` that hold chunks, sorted by coordinates.
-    pub fn list(
-        &self,
-        backing: &Backing,
-        array: &Arc<ArrayState>,
-        node: &KeyNode,
-    ) -> Result<Vec<KeyEntry>, FsError> {
-        let encoding = array.layout.key_encoding;
-        let mut children: BTreeSet<(Vec<u64>, KeyEntry)> = BTreeSet::new();
-        self.for_each_chunk_below(backing, array, node, |coords| {
-            let (name, child) = encoding.child_towards(node, &coords);
-            let order = child.prefix().to_vec();
-            children.insert((order, KeyEntry { name, node: child }));
-            ControlFlow::Continue(())
-        })?;
-        Ok(children.into_iter().map(|(_, entry)| entry).collect())
     }
 
     /// The pending chunk at `coords`, made if needed: empty when `truncate`, else starting
