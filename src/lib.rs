@@ -13,4 +13,5 @@ pub mod fuse;
 pub mod grid;
 pub mod journal;
 pub mod shard;
+pub mod store;
 pub mod zarr;

@@ -1,4 +1,5 @@
-//! Reading shard files from disk: the index, validated, and chunk byte ranges.
+//! Reading shards: the index, validated, and chunk byte ranges, from anything that reads at
+//! a position (a file on disk, one version of an object in a store).
 
 use std::fs::File;
 use std::io;
@@ -7,6 +8,23 @@ use std::os::unix::fs::FileExt;
 use thiserror::Error;
 
 use super::index::{ChunkRange, DecodedIndex, IndexError, IndexFormat, ShardIndex};
+
+/// Positioned reads from one version of a shard.
+pub trait ReadAt {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+}
+
+impl ReadAt for File {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        FileExt::read_exact_at(self, buf, offset)
+    }
+}
+
+impl<T: ReadAt + ?Sized> ReadAt for std::sync::Arc<T> {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        (**self).read_exact_at(buf, offset)
+    }
+}
 
 #[derive(Debug, Error)]
 pub enum ShardFileError {
@@ -17,8 +35,8 @@ pub enum ShardFileError {
 }
 
 /// The index bytes of a shard file of `file_len` bytes.
-fn index_bytes(
-    file: &File,
+fn index_bytes<R: ReadAt + ?Sized>(
+    file: &R,
     file_len: u64,
     format: &IndexFormat,
 ) -> Result<Vec<u8>, ShardFileError> {
@@ -30,8 +48,8 @@ fn index_bytes(
 
 /// Reads and decodes the index of a shard file of `file_len` bytes without judging it:
 /// the checksum verdict is returned, the ranges are not checked.
-pub fn read_index_lenient(
-    file: &File,
+pub fn read_index_lenient<R: ReadAt + ?Sized>(
+    file: &R,
     file_len: u64,
     format: &IndexFormat,
 ) -> Result<DecodedIndex, ShardFileError> {
@@ -40,8 +58,8 @@ pub fn read_index_lenient(
 
 /// Reads the index and checks everything: checksum, ranges inside the file and outside the
 /// index, no overlaps.
-pub fn read_index(
-    file: &File,
+pub fn read_index<R: ReadAt + ?Sized>(
+    file: &R,
     file_len: u64,
     format: &IndexFormat,
 ) -> Result<ShardIndex, ShardFileError> {
@@ -51,8 +69,8 @@ pub fn read_index(
 }
 
 /// Reads part of one chunk: `len` bytes from `start` within the chunk, clipped to the chunk.
-pub fn read_chunk_part(
-    file: &File,
+pub fn read_chunk_part<R: ReadAt + ?Sized>(
+    file: &R,
     range: ChunkRange,
     start: u64,
     len: u64,

@@ -6,7 +6,7 @@ pub mod file;
 pub mod index;
 
 pub use builder::{EncodedShard, Segments, ShardBuilder, write_all_vectored};
-pub use file::{ShardFileError, read_chunk_part, read_index, read_index_lenient};
+pub use file::{ReadAt, ShardFileError, read_chunk_part, read_index, read_index_lenient};
 pub use index::{
     ChunkRange, DecodedIndex, Endian, IndexCodec, IndexError, IndexFormat, IndexLocation, MISSING,
     ShardIndex,

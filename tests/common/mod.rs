@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod mount;
+pub mod s3;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

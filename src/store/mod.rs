@@ -1,0 +1,127 @@
+//! Whole objects in a store, the way shards and metadata are kept: read at a position from
+//! one pinned version, written whole with a precondition, listed one level at a time.
+//!
+//! Two implementations answer to [`Store`]: `posix` (a BACKING directory: pinned versions
+//! are open descriptors, conditional writes are made under the key lock) and `object` (an
+//! object store through the `object_store` crate: pinned versions are ETags, conditional
+//! writes are `If-Match` / `If-None-Match`). Nothing above this module knows which one it
+//! talks to.
+
+pub mod object;
+pub mod posix;
+
+use std::fmt::Debug;
+use std::io;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use bytes::Bytes;
+use thiserror::Error;
+
+use crate::shard::ReadAt;
+
+/// One version of an object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectInfo {
+    pub size: u64,
+    /// Changes with every write of the object: an ETag, or a file's inode, size and mtime.
+    pub tag: String,
+    pub mtime: SystemTime,
+}
+
+/// What must hold for a write to go ahead.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Precondition {
+    /// Write whatever is there.
+    None,
+    /// Only if there is no object yet (`If-None-Match: *`).
+    Absent,
+    /// Only if the object is still the version with this tag (`If-Match`).
+    Matches(String),
+}
+
+#[derive(Debug, Error)]
+pub enum StoreError {
+    /// Someone else wrote (or removed) the object since its version was read.
+    #[error("{0} changed since it was read")]
+    Conflict(String),
+    #[error("{0}")]
+    Io(#[from] io::Error),
+}
+
+impl From<StoreError> for io::Error {
+    fn from(e: StoreError) -> io::Error {
+        match e {
+            StoreError::Io(e) => e,
+            StoreError::Conflict(what) => io::Error::new(
+                io::ErrorKind::WouldBlock,
+                format!("{what} changed since it was read"),
+            ),
+        }
+    }
+}
+
+/// One version of an object, pinned: reads never mix two versions. A read after the object
+/// was replaced fails (ESTALE) rather than return bytes of another version.
+pub trait Blob: ReadAt + Send + Sync + Debug {
+    fn info(&self) -> &ObjectInfo;
+}
+
+/// One level of a listing: the names of the directories (common prefixes) and of the
+/// objects directly below, sorted.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Listing {
+    pub dirs: Vec<String>,
+    pub objects: Vec<(String, ObjectInfo)>,
+}
+
+pub trait Store: Send + Sync + Debug {
+    /// Pins the current version of `key`, fetching its last `tail` bytes with it (the index
+    /// of a shard that has it at the end: one request on an object store). `Ok(None)`: no
+    /// such object.
+    fn open(&self, key: &str, tail: u64) -> Result<Option<Arc<dyn Blob>>, StoreError>;
+    /// The whole object, when it is at most `limit` bytes (EFBIG otherwise).
+    fn get(&self, key: &str, limit: u64) -> Result<Option<(Bytes, ObjectInfo)>, StoreError>;
+    /// Writes `parts` (in order) as the object `key`, atomically: readers see the old
+    /// version or the new one, never a mix.
+    fn put(&self, key: &str, parts: &[Bytes], when: Precondition)
+    -> Result<ObjectInfo, StoreError>;
+    /// Removes `key`. `Ok(false)`: it was not there.
+    fn delete(&self, key: &str) -> Result<bool, StoreError>;
+    /// The directories and objects directly below `dir` ("" for the top).
+    fn list(&self, dir: &str) -> Result<Listing, StoreError>;
+    /// `key` as a user would name it, for messages.
+    fn describe(&self, key: &str) -> String;
+}
+
+/// Requests made to a store, by kind: what a benchmark reports and a test counts.
+#[derive(Debug, Default)]
+pub struct RequestCounts {
+    pub get: std::sync::atomic::AtomicU64,
+    pub head: std::sync::atomic::AtomicU64,
+    pub put: std::sync::atomic::AtomicU64,
+    pub delete: std::sync::atomic::AtomicU64,
+    pub list: std::sync::atomic::AtomicU64,
+}
+
+impl RequestCounts {
+    pub fn snapshot(&self) -> [(&'static str, u64); 5] {
+        use std::sync::atomic::Ordering::Relaxed;
+        [
+            ("get", self.get.load(Relaxed)),
+            ("head", self.head.load(Relaxed)),
+            ("put", self.put.load(Relaxed)),
+            ("delete", self.delete.load(Relaxed)),
+            ("list", self.list.load(Relaxed)),
+        ]
+    }
+}
+
+/// Joins a directory key and a name with `/` ("" is the top).
+pub fn join_key(dir: &str, name: &str) -> String {
+    if dir.is_empty() {
+        name.to_string()
+    } else {
+        format!("{}/{name}", dir.trim_end_matches('/'))
+    }
+}

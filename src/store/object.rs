@@ -1,0 +1,348 @@
+//! An object store (S3 and S3-compatible servers, and whatever else the `object_store` crate
+//! reaches by URL) as a [`Store`]. The crate is async; each call here runs to completion on
+//! a small runtime owned by the store, so the filesystem's request threads stay plain
+//! threads.
+//!
+//! Versions are ETags: a pinned object's ranged reads carry `If-Match`, so a read after the
+//! object was replaced fails instead of returning another version's bytes; writes carry
+//! `If-Match` or `If-None-Match: *` as their precondition asks.
+
+use std::fmt;
+use std::io;
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+use bytes::Bytes;
+use object_store::aws::AmazonS3Builder;
+use object_store::azure::MicrosoftAzureBuilder;
+use object_store::gcp::GoogleCloudStorageBuilder;
+use object_store::path::Path as ObjectPath;
+use object_store::{
+    BackoffConfig, GetOptions, GetRange, ObjectMeta, ObjectStore, ObjectStoreExt, PutMode,
+    PutOptions, PutPayload, RetryConfig, UpdateVersion,
+};
+
+use super::{Blob, Listing, ObjectInfo, Precondition, RequestCounts, Store, StoreError};
+use crate::shard::ReadAt;
+
+/// How long one request may take, retries included, before it fails with EIO: a server
+/// that is gone must not wedge the filesystem.
+const REQUEST_BUDGET: Duration = Duration::from_secs(10);
+
+pub struct ObjectBacked {
+    url: String,
+    store: Arc<dyn ObjectStore>,
+    /// Key prefix inside the bucket ("" or ending without `/`).
+    prefix: String,
+    runtime: Arc<tokio::runtime::Runtime>,
+    pub requests: Arc<RequestCounts>,
+}
+
+impl fmt::Debug for ObjectBacked {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ObjectBacked")
+            .field("url", &self.url)
+            .finish()
+    }
+}
+
+/// Whether `location` names an object store rather than a directory.
+pub fn is_object_url(location: &str) -> bool {
+    ["s3://", "s3a://", "gs://", "az://", "abfs://", "abfss://"]
+        .iter()
+        .any(|scheme| location.starts_with(scheme))
+}
+
+impl ObjectBacked {
+    /// The store at `url` (`s3://BUCKET/PREFIX`, `gs://…`, `az://…`). Credentials, region
+    /// and endpoint come from the environment as each provider documents it
+    /// (`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`,
+    /// `AWS_ALLOW_HTTP=true` for a plain-HTTP endpoint).
+    pub fn open(url: &str) -> io::Result<ObjectBacked> {
+        let parsed = url::Url::parse(url)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("{url}: {e}")))?;
+        // Client settings go in as configuration, so that those the environment gave
+        // (allow_http, proxies) stay.
+        let budget = format!("{}s", REQUEST_BUDGET.as_secs());
+        let client = [("timeout", budget.as_str()), ("connect_timeout", "3s")];
+        let retry = RetryConfig {
+            backoff: BackoffConfig::default(),
+            max_retries: 3,
+            retry_timeout: REQUEST_BUDGET,
+        };
+        macro_rules! build {
+            ($builder:expr) => {{
+                let mut b = $builder.with_url(url).with_retry(retry);
+                for (key, value) in client {
+                    if let Ok(key) = key.parse() {
+                        b = b.with_config(key, value);
+                    }
+                }
+                Arc::new(b.build().map_err(to_io)?)
+            }};
+        }
+        let store: Arc<dyn ObjectStore> = match parsed.scheme() {
+            "s3" | "s3a" => build!(AmazonS3Builder::from_env()),
+            "gs" => build!(GoogleCloudStorageBuilder::from_env()),
+            "az" | "abfs" | "abfss" => build!(MicrosoftAzureBuilder::from_env()),
+            other => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("{url}: no object store for the scheme {other}:"),
+                ));
+            }
+        };
+        let prefix = ObjectPath::from(parsed.path());
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("shardfs-store")
+            .enable_all()
+            .build()?;
+        Ok(ObjectBacked {
+            url: url.to_string(),
+            store,
+            prefix: prefix.as_ref().trim_end_matches('/').to_string(),
+            runtime: Arc::new(runtime),
+            requests: Arc::default(),
+        })
+    }
+
+    fn path(&self, key: &str) -> ObjectPath {
+        ObjectPath::from(super::join_key(&self.prefix, key))
+    }
+
+    fn count(&self, which: &AtomicU64) {
+        which.fetch_add(1, Relaxed);
+    }
+}
+
+fn to_io(e: object_store::Error) -> io::Error {
+    match e {
+        object_store::Error::NotFound { .. } => io::Error::from_raw_os_error(libc::ENOENT),
+        other => io::Error::other(other.to_string()),
+    }
+}
+
+fn info_of(meta: &ObjectMeta) -> ObjectInfo {
+    ObjectInfo {
+        size: meta.size,
+        tag: meta.e_tag.clone().unwrap_or_default(),
+        mtime: meta.last_modified.into(),
+    }
+}
+
+/// One version of an object: its tail (fetched with the open) in memory, the rest read by
+/// ranged GETs that must match its ETag.
+struct ObjectBlob {
+    info: ObjectInfo,
+    tail: Bytes,
+    path: ObjectPath,
+    store: Arc<dyn ObjectStore>,
+    runtime: Arc<tokio::runtime::Runtime>,
+    requests: Arc<RequestCounts>,
+}
+
+impl fmt::Debug for ObjectBlob {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ObjectBlob")
+            .field("path", &self.path)
+            .field("info", &self.info)
+            .finish()
+    }
+}
+
+impl ReadAt for ObjectBlob {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let end = offset + buf.len() as u64;
+        if end > self.info.size {
+            return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
+        }
+        let tail_start = self.info.size - self.tail.len() as u64;
+        if offset >= tail_start {
+            let at = (offset - tail_start) as usize;
+            buf.copy_from_slice(&self.tail[at..at + buf.len()]);
+            return Ok(());
+        }
+        if buf.is_empty() {
+            return Ok(());
+        }
+        self.requests.get.fetch_add(1, Relaxed);
+        let options = GetOptions {
+            range: Some(GetRange::Bounded(offset..end)),
+            if_match: Some(self.info.tag.clone()),
+            ..GetOptions::default()
+        };
+        let bytes = self.runtime.block_on(async {
+            self.store
+                .get_opts(&self.path, options)
+                .await?
+                .bytes()
+                .await
+        });
+        match bytes {
+            Ok(b) if b.len() == buf.len() => {
+                buf.copy_from_slice(&b);
+                Ok(())
+            }
+            Ok(_) => Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
+            // The object was replaced or removed since it was pinned.
+            Err(
+                object_store::Error::Precondition { .. } | object_store::Error::NotFound { .. },
+            ) => Err(io::Error::from_raw_os_error(libc::ESTALE)),
+            Err(e) => Err(to_io(e)),
+        }
+    }
+}
+
+impl Blob for ObjectBlob {
+    fn info(&self) -> &ObjectInfo {
+        &self.info
+    }
+}
+
+impl ObjectBacked {
+    /// GET of `range` (all when `None`): the bytes and the object's version.
+    fn get_range(
+        &self,
+        key: &str,
+        range: Option<GetRange>,
+    ) -> Result<Option<(Bytes, ObjectInfo, Range<u64>)>, StoreError> {
+        self.count(&self.requests.get);
+        let path = self.path(key);
+        let options = GetOptions {
+            range,
+            ..GetOptions::default()
+        };
+        let got = self.runtime.block_on(async {
+            let r = self.store.get_opts(&path, options).await?;
+            let (meta, range) = (r.meta.clone(), r.range.clone());
+            Ok::<_, object_store::Error>((r.bytes().await?, meta, range))
+        });
+        match got {
+            Ok((bytes, meta, range)) => Ok(Some((bytes, info_of(&meta), range))),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(to_io(e).into()),
+        }
+    }
+}
+
+impl Store for ObjectBacked {
+    fn open(&self, key: &str, tail: u64) -> Result<Option<Arc<dyn Blob>>, StoreError> {
+        let (bytes, info) = if tail == 0 {
+            self.count(&self.requests.head);
+            match self.runtime.block_on(self.store.head(&self.path(key))) {
+                Ok(meta) => (Bytes::new(), info_of(&meta)),
+                Err(object_store::Error::NotFound { .. }) => return Ok(None),
+                Err(e) => return Err(to_io(e).into()),
+            }
+        } else {
+            match self.get_range(key, Some(GetRange::Suffix(tail))) {
+                Ok(Some((bytes, info, _))) => (bytes, info),
+                Ok(None) => return Ok(None),
+                // An empty object has no suffix to return.
+                Err(_) => match self.get_range(key, None)? {
+                    Some((bytes, info, _)) => (bytes, info),
+                    None => return Ok(None),
+                },
+            }
+        };
+        Ok(Some(Arc::new(ObjectBlob {
+            info,
+            tail: bytes,
+            path: self.path(key),
+            store: self.store.clone(),
+            runtime: self.runtime.clone(),
+            requests: self.requests.clone(),
+        })))
+    }
+
+    fn get(&self, key: &str, limit: u64) -> Result<Option<(Bytes, ObjectInfo)>, StoreError> {
+        match self.get_range(key, None)? {
+            Some((bytes, _, _)) if bytes.len() as u64 > limit => {
+                Err(io::Error::from_raw_os_error(libc::EFBIG).into())
+            }
+            Some((bytes, info, _)) => Ok(Some((bytes, info))),
+            None => Ok(None),
+        }
+    }
+
+    fn put(
+        &self,
+        key: &str,
+        parts: &[Bytes],
+        when: Precondition,
+    ) -> Result<ObjectInfo, StoreError> {
+        self.count(&self.requests.put);
+        let mode = match &when {
+            Precondition::None => PutMode::Overwrite,
+            Precondition::Absent => PutMode::Create,
+            Precondition::Matches(tag) => PutMode::Update(UpdateVersion {
+                e_tag: Some(tag.clone()),
+                version: None,
+            }),
+        };
+        let payload: PutPayload = parts.iter().cloned().collect();
+        let size = payload.content_length() as u64;
+        let path = self.path(key);
+        let options = PutOptions {
+            mode,
+            ..PutOptions::default()
+        };
+        match self
+            .runtime
+            .block_on(self.store.put_opts(&path, payload, options))
+        {
+            Ok(done) => Ok(ObjectInfo {
+                size,
+                tag: done.e_tag.unwrap_or_default(),
+                mtime: std::time::SystemTime::now(),
+            }),
+            Err(
+                object_store::Error::Precondition { .. }
+                | object_store::Error::AlreadyExists { .. },
+            ) => Err(StoreError::Conflict(self.describe(key))),
+            Err(e) => Err(to_io(e).into()),
+        }
+    }
+
+    fn delete(&self, key: &str) -> Result<bool, StoreError> {
+        // S3 answers a delete of a missing key with success; a HEAD first tells them apart.
+        let Some(_) = self.open(key, 0)? else {
+            return Ok(false);
+        };
+        self.count(&self.requests.delete);
+        match self.runtime.block_on(self.store.delete(&self.path(key))) {
+            Ok(()) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(to_io(e).into()),
+        }
+    }
+
+    fn list(&self, dir: &str) -> Result<Listing, StoreError> {
+        self.count(&self.requests.list);
+        let full = super::join_key(&self.prefix, dir);
+        let prefix = (!full.is_empty()).then(|| ObjectPath::from(full.clone()));
+        let result = self
+            .runtime
+            .block_on(self.store.list_with_delimiter(prefix.as_ref()))
+            .map_err(to_io)?;
+        let name = |p: &ObjectPath| p.filename().map(str::to_string);
+        let mut listing = Listing {
+            dirs: result.common_prefixes.iter().filter_map(name).collect(),
+            objects: result
+                .objects
+                .iter()
+                .filter_map(|m| Some((name(&m.location)?, info_of(m))))
+                .collect(),
+        };
+        listing.dirs.sort();
+        listing.objects.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(listing)
+    }
+
+    fn describe(&self, key: &str) -> String {
+        format!("{}/{key}", self.url.trim_end_matches('/'))
+    }
+}

@@ -1,0 +1,122 @@
+//! A BACKING directory as a [`Store`]: a pinned version is an open descriptor (a rename
+//! onto the name leaves it reading the old file), a conditional write is a check of the
+//! current version made under the key lock of `backing::lock`, which every writer of the
+//! lock protocol takes, so the check and the write are one step for all of them.
+
+use std::fs::{File, Metadata};
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::{Blob, Listing, ObjectInfo, Precondition, Store, StoreError};
+use crate::backing::lock::{Durability, LOCK_SUFFIX};
+use crate::backing::{Backing, is_absent, mtime_of};
+use crate::shard::ReadAt;
+
+impl Store for Backing {
+    fn open(&self, key: &str, _tail: u64) -> Result<Option<Arc<dyn Blob>>, StoreError> {
+        let file = match Backing::open(self, Path::new(key)) {
+            Ok(f) => f,
+            // EINVAL: not a regular file (the descriptor-only open refuses it).
+            Err(e) if is_absent(&e) || e.raw_os_error() == Some(libc::EINVAL) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let info = info_of(&file.metadata()?);
+        Ok(Some(Arc::new(FileBlob { file, info })))
+    }
+
+    fn get(&self, key: &str, limit: u64) -> Result<Option<(Bytes, ObjectInfo)>, StoreError> {
+        let Some(blob) = Store::open(self, key, 0)? else {
+            return Ok(None);
+        };
+        let size = blob.info().size;
+        if size > limit {
+            return Err(io::Error::from_raw_os_error(libc::EFBIG).into());
+        }
+        let mut buf = vec![0u8; size as usize];
+        blob.read_exact_at(&mut buf, 0)?;
+        Ok(Some((Bytes::from(buf), blob.info().clone())))
+    }
+
+    fn put(
+        &self,
+        key: &str,
+        parts: &[Bytes],
+        when: Precondition,
+    ) -> Result<ObjectInfo, StoreError> {
+        let lock = self.lock_key(Path::new(key))?;
+        let current = self.stat(Path::new(key))?.filter(Metadata::is_file);
+        let holds = match (&when, &current) {
+            (Precondition::None, _) | (Precondition::Absent, None) => true,
+            (Precondition::Matches(tag), Some(m)) => &info_of(m).tag == tag,
+            _ => false,
+        };
+        if !holds {
+            return Err(StoreError::Conflict(self.describe(key)));
+        }
+        let durability = if current.is_some() {
+            Durability::DataBeforeRename
+        } else {
+            Durability::Later
+        };
+        Ok(info_of(&lock.replace(parts, durability)?))
+    }
+
+    fn delete(&self, key: &str) -> Result<bool, StoreError> {
+        Ok(self.lock_key(Path::new(key))?.remove()?)
+    }
+
+    fn list(&self, dir: &str) -> Result<Listing, StoreError> {
+        let mut listing = Listing::default();
+        for entry in Backing::list(self, Path::new(dir))? {
+            let Some(name) = entry.name.to_str() else {
+                continue; // not a key an object store could hold
+            };
+            if entry.kind.is_dir() {
+                listing.dirs.push(name.to_string());
+            } else if !name.ends_with(LOCK_SUFFIX)
+                && let Some(m) = self.stat(&Path::new(dir).join(name))?
+                && m.is_file()
+            {
+                listing.objects.push((name.to_string(), info_of(&m)));
+            }
+        }
+        listing.dirs.sort();
+        listing.objects.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(listing)
+    }
+
+    fn describe(&self, key: &str) -> String {
+        self.path(Path::new(key)).display().to_string()
+    }
+}
+
+/// A file's version: a rewrite by rename changes the inode, one in place the size or mtime.
+fn info_of(m: &Metadata) -> ObjectInfo {
+    ObjectInfo {
+        size: m.len(),
+        tag: format!("{}-{}-{}.{}", m.ino(), m.len(), m.mtime(), m.mtime_nsec()),
+        mtime: mtime_of(m),
+    }
+}
+
+#[derive(Debug)]
+struct FileBlob {
+    file: File,
+    info: ObjectInfo,
+}
+
+impl ReadAt for FileBlob {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        ReadAt::read_exact_at(&self.file, buf, offset)
+    }
+}
+
+impl Blob for FileBlob {
+    fn info(&self) -> &ObjectInfo {
+        &self.info
+    }
+}

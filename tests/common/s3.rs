@@ -1,0 +1,117 @@
+//! A local S3-compatible server for the tests: moto's server (from the venv of
+//! `scripts/test.sh`), on 127.0.0.1 only, stopped when the guard drops, test failing or not.
+
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::python;
+
+pub struct S3Server {
+    child: Child,
+    pub port: u16,
+}
+
+impl S3Server {
+    /// Starts a server and makes `bucket` with versioning on (each PUT is then a version
+    /// the tests can count).
+    pub fn start(bucket: &str) -> S3Server {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new(python())
+            .args([
+                "-m",
+                "moto.server",
+                "-H",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("moto's server starts (it is in scripts/requirements.txt)");
+        let server = S3Server { child, port };
+        let start = Instant::now();
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "moto's server did not listen"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        server.python(&format!(
+            "s3.create_bucket(Bucket={bucket:?}); s3.put_bucket_versioning(Bucket={bucket:?}, \
+             VersioningConfiguration={{'Status': 'Enabled'}})"
+        ));
+        server
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The environment a client of this server needs.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("AWS_ENDPOINT_URL", self.endpoint()),
+            ("AWS_ACCESS_KEY_ID", "testing".into()),
+            ("AWS_SECRET_ACCESS_KEY", "testing".into()),
+            ("AWS_REGION", "us-east-1".into()),
+            ("AWS_ALLOW_HTTP", "true".into()),
+        ]
+    }
+
+    /// Sets this server's environment in the test process (object_store reads it).
+    pub fn set_env(&self) {
+        for (k, v) in self.env() {
+            // SAFETY: test processes set these once, before any thread reads them.
+            unsafe { std::env::set_var(k, v) };
+        }
+    }
+
+    /// Runs Python `code` with `s3`, a boto3 client of this server, and returns its stdout.
+    pub fn python(&self, code: &str) -> String {
+        let script = format!(
+            "import boto3\ns3 = boto3.client('s3', endpoint_url={:?}, aws_access_key_id='testing', \
+             aws_secret_access_key='testing', region_name='us-east-1')\n{code}\n",
+            self.endpoint()
+        );
+        let out = Command::new(python())
+            .args(["-c", &script])
+            .output()
+            .expect("python runs");
+        assert!(
+            out.status.success(),
+            "boto3 against moto failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// How many versions of `key` the bucket holds: one per PUT that landed.
+    pub fn versions(&self, bucket: &str, key: &str) -> usize {
+        self.python(&format!(
+            "r = s3.list_object_versions(Bucket={bucket:?}, Prefix={key:?})\n\
+             print(sum(1 for v in r.get('Versions', []) if v['Key'] == {key:?}))"
+        ))
+        .trim()
+        .parse()
+        .unwrap()
+    }
+
+    /// Stops the server (as if it went away).
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

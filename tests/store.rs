@@ -1,0 +1,192 @@
+//! The store interface, run the same way against both implementations: a BACKING
+//! directory, and a real S3-compatible server (moto's, started by the test on 127.0.0.1).
+
+mod common;
+
+use std::io;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::s3::S3Server;
+use shardfs::backing::Backing;
+use shardfs::shard::{
+    Endian, IndexCodec, IndexFormat, IndexLocation, ShardBuilder, read_chunk_part, read_index,
+};
+use shardfs::store::object::ObjectBacked;
+use shardfs::store::{Precondition, Store, StoreError};
+
+const BUCKET: &str = "shardfs-test";
+
+fn format() -> IndexFormat {
+    IndexFormat {
+        chunks_per_shard: vec![2, 2],
+        codec: IndexCodec {
+            endian: Endian::Little,
+            crc32c: true,
+        },
+        location: IndexLocation::End,
+    }
+}
+
+/// A shard of four chunks, chunk `i` holding `i + 1` bytes of value `i`.
+fn shard_parts() -> Vec<Bytes> {
+    let mut b = ShardBuilder::new(format());
+    for i in 0..4u8 {
+        b.set(i as usize, vec![Bytes::from(vec![i; i as usize + 1])]);
+    }
+    b.build().unwrap().buffers().to_vec()
+}
+
+fn is_conflict<T: std::fmt::Debug>(r: Result<T, StoreError>) -> bool {
+    matches!(r, Err(StoreError::Conflict(_)))
+}
+
+/// Conditional writes: create only when absent, replace only the version that was read.
+fn conditional_writes(store: &dyn Store) {
+    let one = [Bytes::from_static(b"one")];
+    let v1 = store.put("a/k", &one, Precondition::Absent).unwrap();
+    assert!(is_conflict(store.put("a/k", &one, Precondition::Absent)));
+    let v2 = store
+        .put(
+            "a/k",
+            &[Bytes::from_static(b"two")],
+            Precondition::Matches(v1.tag.clone()),
+        )
+        .unwrap();
+    assert_ne!(v1.tag, v2.tag);
+    // A writer still holding the first version loses, and nothing is overwritten.
+    let stale = Precondition::Matches(v1.tag.clone());
+    assert!(is_conflict(store.put(
+        "a/k",
+        &[Bytes::from_static(b"three")],
+        stale
+    )));
+    let (bytes, info) = store.get("a/k", 100).unwrap().unwrap();
+    assert_eq!(&bytes[..], b"two");
+    assert_eq!(info.tag, v2.tag);
+    assert!(
+        store
+            .put("a/gone", &one, Precondition::Matches(v2.tag))
+            .is_err()
+    );
+}
+
+/// A shard read as the mount reads one: its index from the pinned version's tail, a chunk
+/// by its range; the version stays pinned when the object is replaced.
+fn shard_reads(store: &dyn Store) {
+    let parts = shard_parts();
+    store
+        .put("arr/c/0/0", &parts, Precondition::Absent)
+        .unwrap();
+    let tail = format().encoded_len();
+    let blob = store.open("arr/c/0/0", tail).unwrap().unwrap();
+    let size = blob.info().size;
+    assert_eq!(size, parts.iter().map(|p| p.len() as u64).sum::<u64>());
+    let index = read_index(&*blob, size, &format()).unwrap();
+    for i in 0..4u8 {
+        let range = index.get(i as usize).unwrap();
+        let chunk = read_chunk_part(&*blob, range, 0, range.nbytes).unwrap();
+        assert_eq!(chunk, vec![i; i as usize + 1]);
+    }
+    store
+        .put(
+            "arr/c/0/0",
+            &[Bytes::from_static(b"other")],
+            Precondition::None,
+        )
+        .unwrap();
+    let range = index.get(3).unwrap();
+    match read_chunk_part(&*blob, range, 0, range.nbytes) {
+        // A descriptor keeps reading the version it opened.
+        Ok(chunk) => assert_eq!(chunk, vec![3u8; 4]),
+        // An object store cannot: the read fails rather than mix two versions.
+        Err(e) => assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{e}"),
+    }
+    assert!(store.open("arr/c/9/9", tail).unwrap().is_none());
+}
+
+/// One level of a listing: directories, then objects with their sizes.
+fn listings(store: &dyn Store) {
+    for key in ["l/x/1", "l/x/2", "l/y/z/3", "l/f"] {
+        store
+            .put(key, &[Bytes::from_static(b"12345")], Precondition::None)
+            .unwrap();
+    }
+    let top = store.list("l").unwrap();
+    assert_eq!(top.dirs, vec!["x", "y"]);
+    let names: Vec<(&str, u64)> = top
+        .objects
+        .iter()
+        .map(|(n, i)| (n.as_str(), i.size))
+        .collect();
+    assert_eq!(names, vec![("f", 5)]);
+    assert_eq!(store.list("l/y").unwrap().dirs, vec!["z"]);
+    assert!(store.list("nothing/here").unwrap().objects.is_empty());
+    assert!(store.delete("l/f").unwrap());
+    assert!(!store.delete("l/f").unwrap());
+    assert!(store.list("l").unwrap().objects.is_empty());
+    let big = store.get("l/x/1", 2);
+    assert_eq!(
+        io::Error::from(big.unwrap_err()).raw_os_error(),
+        Some(libc::EFBIG)
+    );
+}
+
+fn all(store: &dyn Store) {
+    conditional_writes(store);
+    shard_reads(store);
+    listings(store);
+}
+
+#[test]
+fn a_backing_directory_keeps_the_store_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let backing = Backing::new(dir.path().to_path_buf()).unwrap();
+    all(&backing);
+}
+
+#[test]
+fn an_s3_server_keeps_the_store_rules() {
+    let server = S3Server::start(BUCKET);
+    server.set_env();
+    let store = ObjectBacked::open(&format!("s3://{BUCKET}/some/prefix")).unwrap();
+    all(&store);
+    // Everything lives below the prefix.
+    let keys = server.python(&format!(
+        "print(sorted({{v['Key'] for v in s3.list_object_versions(Bucket={BUCKET:?})['Versions']}}))"
+    ));
+    assert!(keys.contains("'some/prefix/arr/c/0/0'"), "{keys}");
+    assert!(!keys.contains("'arr/"), "{keys}");
+    // The index came with the open: one GET for it, one per chunk.
+    let before = store.requests.get.load(Relaxed);
+    let blob = store.open("arr/c/0/0", 5).unwrap().unwrap();
+    let mut tail = [0u8; 5];
+    blob.read_exact_at(&mut tail, blob.info().size - 5).unwrap();
+    assert_eq!(&tail, b"other");
+    assert_eq!(store.requests.get.load(Relaxed) - before, 1);
+    // Each PUT that landed is one version at the server; refused ones are none.
+    assert_eq!(server.versions(BUCKET, "some/prefix/a/k"), 2);
+}
+
+#[test]
+fn a_store_that_went_away_fails_in_bounded_time() {
+    let mut server = S3Server::start(BUCKET);
+    server.set_env();
+    let store = ObjectBacked::open(&format!("s3://{BUCKET}")).unwrap();
+    store
+        .put("k", &[Bytes::from_static(b"x")], Precondition::None)
+        .unwrap();
+    server.stop();
+    let start = Instant::now();
+    let err = store
+        .put("k", &[Bytes::from_static(b"y")], Precondition::None)
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Io(_)), "{err:?}");
+    assert!(
+        start.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(store.open("k", 0).is_err());
+}
