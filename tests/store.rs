@@ -4,6 +4,7 @@
 mod common;
 
 use std::io;
+use std::path::Path;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
@@ -45,11 +46,17 @@ fn is_conflict<T: std::fmt::Debug>(r: Result<T, StoreError>) -> bool {
 /// Conditional writes: create only when absent, replace only the version that was read.
 fn conditional_writes(store: &dyn Store) {
     let one = [Bytes::from_static(b"one")];
-    let v1 = store.put("a/k", &one, Precondition::Absent).unwrap();
-    assert!(is_conflict(store.put("a/k", &one, Precondition::Absent)));
+    let v1 = store
+        .put(Path::new("a/k"), &one, Precondition::Absent)
+        .unwrap();
+    assert!(is_conflict(store.put(
+        Path::new("a/k"),
+        &one,
+        Precondition::Absent
+    )));
     let v2 = store
         .put(
-            "a/k",
+            Path::new("a/k"),
             &[Bytes::from_static(b"two")],
             Precondition::Matches(v1.tag.clone()),
         )
@@ -58,16 +65,16 @@ fn conditional_writes(store: &dyn Store) {
     // A writer still holding the first version loses, and nothing is overwritten.
     let stale = Precondition::Matches(v1.tag.clone());
     assert!(is_conflict(store.put(
-        "a/k",
+        Path::new("a/k"),
         &[Bytes::from_static(b"three")],
         stale
     )));
-    let (bytes, info) = store.get("a/k", 100).unwrap().unwrap();
+    let (bytes, info) = store.get(Path::new("a/k"), 100).unwrap().unwrap();
     assert_eq!(&bytes[..], b"two");
     assert_eq!(info.tag, v2.tag);
     assert!(
         store
-            .put("a/gone", &one, Precondition::Matches(v2.tag))
+            .put(Path::new("a/gone"), &one, Precondition::Matches(v2.tag))
             .is_err()
     );
 }
@@ -77,10 +84,10 @@ fn conditional_writes(store: &dyn Store) {
 fn shard_reads(store: &dyn Store) {
     let parts = shard_parts();
     store
-        .put("arr/c/0/0", &parts, Precondition::Absent)
+        .put(Path::new("arr/c/0/0"), &parts, Precondition::Absent)
         .unwrap();
     let tail = format().encoded_len();
-    let blob = store.open("arr/c/0/0", tail).unwrap().unwrap();
+    let blob = store.open(Path::new("arr/c/0/0"), tail).unwrap().unwrap();
     let size = blob.info().size;
     assert_eq!(size, parts.iter().map(|p| p.len() as u64).sum::<u64>());
     let index = read_index(&*blob, size, &format()).unwrap();
@@ -91,7 +98,7 @@ fn shard_reads(store: &dyn Store) {
     }
     store
         .put(
-            "arr/c/0/0",
+            Path::new("arr/c/0/0"),
             &[Bytes::from_static(b"other")],
             Precondition::None,
         )
@@ -103,17 +110,21 @@ fn shard_reads(store: &dyn Store) {
         // An object store cannot: the read fails rather than mix two versions.
         Err(e) => assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{e}"),
     }
-    assert!(store.open("arr/c/9/9", tail).unwrap().is_none());
+    assert!(store.open(Path::new("arr/c/9/9"), tail).unwrap().is_none());
 }
 
 /// One level of a listing: directories, then objects with their sizes.
 fn listings(store: &dyn Store) {
     for key in ["l/x/1", "l/x/2", "l/y/z/3", "l/f"] {
         store
-            .put(key, &[Bytes::from_static(b"12345")], Precondition::None)
+            .put(
+                Path::new(key),
+                &[Bytes::from_static(b"12345")],
+                Precondition::None,
+            )
             .unwrap();
     }
-    let top = store.list("l").unwrap();
+    let top = store.list(Path::new("l")).unwrap();
     assert_eq!(top.dirs, vec!["x", "y"]);
     let names: Vec<(&str, u64)> = top
         .objects
@@ -121,16 +132,31 @@ fn listings(store: &dyn Store) {
         .map(|(n, i)| (n.as_str(), i.size))
         .collect();
     assert_eq!(names, vec![("f", 5)]);
-    assert_eq!(store.list("l/y").unwrap().dirs, vec!["z"]);
-    assert!(store.list("nothing/here").unwrap().objects.is_empty());
-    assert!(store.delete("l/f").unwrap());
-    assert!(!store.delete("l/f").unwrap());
-    assert!(store.list("l").unwrap().objects.is_empty());
-    let big = store.get("l/x/1", 2);
+    assert_eq!(store.list(Path::new("l/y")).unwrap().dirs, vec!["z"]);
+    assert!(
+        store
+            .list(Path::new("nothing/here"))
+            .unwrap()
+            .objects
+            .is_empty()
+    );
+    assert!(store.delete(Path::new("l/f")).unwrap());
+    assert!(!store.delete(Path::new("l/f")).unwrap());
+    assert!(store.list(Path::new("l")).unwrap().objects.is_empty());
+    let big = store.get(Path::new("l/x/1"), 2);
     assert_eq!(
         io::Error::from(big.unwrap_err()).raw_os_error(),
         Some(libc::EFBIG)
     );
+}
+
+fn open(server: &S3Server, url: &str) -> ObjectBacked {
+    let config = server.config();
+    let pairs: Vec<(&str, &str)> = config
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    ObjectBacked::open_with(url, &pairs).unwrap()
 }
 
 fn all(store: &dyn Store) {
@@ -149,8 +175,7 @@ fn a_backing_directory_keeps_the_store_rules() {
 #[test]
 fn an_s3_server_keeps_the_store_rules() {
     let server = S3Server::start(BUCKET);
-    server.set_env();
-    let store = ObjectBacked::open(&format!("s3://{BUCKET}/some/prefix")).unwrap();
+    let store = open(&server, &format!("s3://{BUCKET}/some/prefix"));
     all(&store);
     // Everything lives below the prefix.
     let keys = server.python(&format!(
@@ -160,7 +185,7 @@ fn an_s3_server_keeps_the_store_rules() {
     assert!(!keys.contains("'arr/"), "{keys}");
     // The index came with the open: one GET for it, one per chunk.
     let before = store.requests.get.load(Relaxed);
-    let blob = store.open("arr/c/0/0", 5).unwrap().unwrap();
+    let blob = store.open(Path::new("arr/c/0/0"), 5).unwrap().unwrap();
     let mut tail = [0u8; 5];
     blob.read_exact_at(&mut tail, blob.info().size - 5).unwrap();
     assert_eq!(&tail, b"other");
@@ -172,15 +197,22 @@ fn an_s3_server_keeps_the_store_rules() {
 #[test]
 fn a_store_that_went_away_fails_in_bounded_time() {
     let mut server = S3Server::start(BUCKET);
-    server.set_env();
-    let store = ObjectBacked::open(&format!("s3://{BUCKET}")).unwrap();
+    let store = open(&server, &format!("s3://{BUCKET}"));
     store
-        .put("k", &[Bytes::from_static(b"x")], Precondition::None)
+        .put(
+            Path::new("k"),
+            &[Bytes::from_static(b"x")],
+            Precondition::None,
+        )
         .unwrap();
     server.stop();
     let start = Instant::now();
     let err = store
-        .put("k", &[Bytes::from_static(b"y")], Precondition::None)
+        .put(
+            Path::new("k"),
+            &[Bytes::from_static(b"y")],
+            Precondition::None,
+        )
         .unwrap_err();
     assert!(matches!(err, StoreError::Io(_)), "{err:?}");
     assert!(
@@ -188,5 +220,5 @@ fn a_store_that_went_away_fails_in_bounded_time() {
         "{:?}",
         start.elapsed()
     );
-    assert!(store.open("k", 0).is_err());
+    assert!(store.open(Path::new("k"), 0).is_err());
 }

@@ -12,6 +12,7 @@ pub mod posix;
 
 use std::fmt::Debug;
 use std::io;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -75,23 +76,29 @@ pub struct Listing {
     pub objects: Vec<(String, ObjectInfo)>,
 }
 
+/// Keys are paths relative to the store's root, `/`-separated; an object store takes only
+/// UTF-8 keys (EINVAL otherwise).
 pub trait Store: Send + Sync + Debug {
     /// Pins the current version of `key`, fetching its last `tail` bytes with it (the index
     /// of a shard that has it at the end: one request on an object store). `Ok(None)`: no
     /// such object.
-    fn open(&self, key: &str, tail: u64) -> Result<Option<Arc<dyn Blob>>, StoreError>;
+    fn open(&self, key: &Path, tail: u64) -> Result<Option<Arc<dyn Blob>>, StoreError>;
     /// The whole object, when it is at most `limit` bytes (EFBIG otherwise).
-    fn get(&self, key: &str, limit: u64) -> Result<Option<(Bytes, ObjectInfo)>, StoreError>;
+    fn get(&self, key: &Path, limit: u64) -> Result<Option<(Bytes, ObjectInfo)>, StoreError>;
     /// Writes `parts` (in order) as the object `key`, atomically: readers see the old
     /// version or the new one, never a mix.
-    fn put(&self, key: &str, parts: &[Bytes], when: Precondition)
-    -> Result<ObjectInfo, StoreError>;
+    fn put(
+        &self,
+        key: &Path,
+        parts: &[Bytes],
+        when: Precondition,
+    ) -> Result<ObjectInfo, StoreError>;
     /// Removes `key`. `Ok(false)`: it was not there.
-    fn delete(&self, key: &str) -> Result<bool, StoreError>;
+    fn delete(&self, key: &Path) -> Result<bool, StoreError>;
     /// The directories and objects directly below `dir` ("" for the top).
-    fn list(&self, dir: &str) -> Result<Listing, StoreError>;
+    fn list(&self, dir: &Path) -> Result<Listing, StoreError>;
     /// `key` as a user would name it, for messages.
-    fn describe(&self, key: &str) -> String;
+    fn describe(&self, key: &Path) -> String;
 }
 
 /// Requests made to a store, by kind: what a benchmark reports and a test counts.

@@ -10,6 +10,7 @@
 use std::fmt;
 use std::io;
 use std::ops::Range;
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
@@ -61,6 +62,13 @@ impl ObjectBacked {
     /// (`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`,
     /// `AWS_ALLOW_HTTP=true` for a plain-HTTP endpoint).
     pub fn open(url: &str) -> io::Result<ObjectBacked> {
+        ObjectBacked::open_with(url, &[])
+    }
+
+    /// As `open`, with `config` (keys as the environment variables' names, lower case
+    /// and without the provider's prefix: `endpoint`, `access_key_id`, …) over what the
+    /// environment says.
+    pub fn open_with(url: &str, config: &[(&str, &str)]) -> io::Result<ObjectBacked> {
         let parsed = url::Url::parse(url)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("{url}: {e}")))?;
         // Client settings go in as configuration, so that those the environment gave
@@ -75,9 +83,9 @@ impl ObjectBacked {
         macro_rules! build {
             ($builder:expr) => {{
                 let mut b = $builder.with_url(url).with_retry(retry);
-                for (key, value) in client {
+                for (key, value) in client.iter().chain(config) {
                     if let Ok(key) = key.parse() {
-                        b = b.with_config(key, value);
+                        b = b.with_config(key, *value);
                     }
                 }
                 Arc::new(b.build().map_err(to_io)?)
@@ -109,8 +117,14 @@ impl ObjectBacked {
         })
     }
 
-    fn path(&self, key: &str) -> ObjectPath {
-        ObjectPath::from(super::join_key(&self.prefix, key))
+    fn path(&self, key: &Path) -> Result<ObjectPath, StoreError> {
+        let key = key.to_str().ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{}: an object key must be UTF-8", key.display()),
+            )
+        })?;
+        Ok(ObjectPath::from(super::join_key(&self.prefix, key)))
     }
 
     fn count(&self, which: &AtomicU64) {
@@ -206,11 +220,11 @@ impl ObjectBacked {
     /// GET of `range` (all when `None`): the bytes and the object's version.
     fn get_range(
         &self,
-        key: &str,
+        key: &Path,
         range: Option<GetRange>,
     ) -> Result<Option<(Bytes, ObjectInfo, Range<u64>)>, StoreError> {
         self.count(&self.requests.get);
-        let path = self.path(key);
+        let path = self.path(key)?;
         let options = GetOptions {
             range,
             ..GetOptions::default()
@@ -229,10 +243,10 @@ impl ObjectBacked {
 }
 
 impl Store for ObjectBacked {
-    fn open(&self, key: &str, tail: u64) -> Result<Option<Arc<dyn Blob>>, StoreError> {
+    fn open(&self, key: &Path, tail: u64) -> Result<Option<Arc<dyn Blob>>, StoreError> {
         let (bytes, info) = if tail == 0 {
             self.count(&self.requests.head);
-            match self.runtime.block_on(self.store.head(&self.path(key))) {
+            match self.runtime.block_on(self.store.head(&self.path(key)?)) {
                 Ok(meta) => (Bytes::new(), info_of(&meta)),
                 Err(object_store::Error::NotFound { .. }) => return Ok(None),
                 Err(e) => return Err(to_io(e).into()),
@@ -251,14 +265,14 @@ impl Store for ObjectBacked {
         Ok(Some(Arc::new(ObjectBlob {
             info,
             tail: bytes,
-            path: self.path(key),
+            path: self.path(key)?,
             store: self.store.clone(),
             runtime: self.runtime.clone(),
             requests: self.requests.clone(),
         })))
     }
 
-    fn get(&self, key: &str, limit: u64) -> Result<Option<(Bytes, ObjectInfo)>, StoreError> {
+    fn get(&self, key: &Path, limit: u64) -> Result<Option<(Bytes, ObjectInfo)>, StoreError> {
         match self.get_range(key, None)? {
             Some((bytes, _, _)) if bytes.len() as u64 > limit => {
                 Err(io::Error::from_raw_os_error(libc::EFBIG).into())
@@ -270,7 +284,7 @@ impl Store for ObjectBacked {
 
     fn put(
         &self,
-        key: &str,
+        key: &Path,
         parts: &[Bytes],
         when: Precondition,
     ) -> Result<ObjectInfo, StoreError> {
@@ -285,7 +299,7 @@ impl Store for ObjectBacked {
         };
         let payload: PutPayload = parts.iter().cloned().collect();
         let size = payload.content_length() as u64;
-        let path = self.path(key);
+        let path = self.path(key)?;
         let options = PutOptions {
             mode,
             ..PutOptions::default()
@@ -307,23 +321,23 @@ impl Store for ObjectBacked {
         }
     }
 
-    fn delete(&self, key: &str) -> Result<bool, StoreError> {
+    fn delete(&self, key: &Path) -> Result<bool, StoreError> {
         // S3 answers a delete of a missing key with success; a HEAD first tells them apart.
         let Some(_) = self.open(key, 0)? else {
             return Ok(false);
         };
         self.count(&self.requests.delete);
-        match self.runtime.block_on(self.store.delete(&self.path(key))) {
+        match self.runtime.block_on(self.store.delete(&self.path(key)?)) {
             Ok(()) => Ok(true),
             Err(object_store::Error::NotFound { .. }) => Ok(false),
             Err(e) => Err(to_io(e).into()),
         }
     }
 
-    fn list(&self, dir: &str) -> Result<Listing, StoreError> {
+    fn list(&self, dir: &Path) -> Result<Listing, StoreError> {
         self.count(&self.requests.list);
-        let full = super::join_key(&self.prefix, dir);
-        let prefix = (!full.is_empty()).then(|| ObjectPath::from(full.clone()));
+        let full = self.path(dir)?;
+        let prefix = (!full.as_ref().is_empty()).then_some(full);
         let result = self
             .runtime
             .block_on(self.store.list_with_delimiter(prefix.as_ref()))
@@ -342,7 +356,7 @@ impl Store for ObjectBacked {
         Ok(listing)
     }
 
-    fn describe(&self, key: &str) -> String {
-        format!("{}/{key}", self.url.trim_end_matches('/'))
+    fn describe(&self, key: &Path) -> String {
+        format!("{}/{}", self.url.trim_end_matches('/'), key.display())
     }
 }

@@ -17,8 +17,8 @@ use crate::backing::{Backing, is_absent, mtime_of};
 use crate::shard::ReadAt;
 
 impl Store for Backing {
-    fn open(&self, key: &str, _tail: u64) -> Result<Option<Arc<dyn Blob>>, StoreError> {
-        let file = match Backing::open(self, Path::new(key)) {
+    fn open(&self, key: &Path, _tail: u64) -> Result<Option<Arc<dyn Blob>>, StoreError> {
+        let file = match Backing::open(self, key) {
             Ok(f) => f,
             // EINVAL: not a regular file (the descriptor-only open refuses it).
             Err(e) if is_absent(&e) || e.raw_os_error() == Some(libc::EINVAL) => return Ok(None),
@@ -28,7 +28,7 @@ impl Store for Backing {
         Ok(Some(Arc::new(FileBlob { file, info })))
     }
 
-    fn get(&self, key: &str, limit: u64) -> Result<Option<(Bytes, ObjectInfo)>, StoreError> {
+    fn get(&self, key: &Path, limit: u64) -> Result<Option<(Bytes, ObjectInfo)>, StoreError> {
         let Some(blob) = Store::open(self, key, 0)? else {
             return Ok(None);
         };
@@ -43,12 +43,12 @@ impl Store for Backing {
 
     fn put(
         &self,
-        key: &str,
+        key: &Path,
         parts: &[Bytes],
         when: Precondition,
     ) -> Result<ObjectInfo, StoreError> {
-        let lock = self.lock_key(Path::new(key))?;
-        let current = self.stat(Path::new(key))?.filter(Metadata::is_file);
+        let lock = self.lock_key(key)?;
+        let current = self.stat(key)?.filter(Metadata::is_file);
         let holds = match (&when, &current) {
             (Precondition::None, _) | (Precondition::Absent, None) => true,
             (Precondition::Matches(tag), Some(m)) => &info_of(m).tag == tag,
@@ -65,20 +65,20 @@ impl Store for Backing {
         Ok(info_of(&lock.replace(parts, durability)?))
     }
 
-    fn delete(&self, key: &str) -> Result<bool, StoreError> {
-        Ok(self.lock_key(Path::new(key))?.remove()?)
+    fn delete(&self, key: &Path) -> Result<bool, StoreError> {
+        Ok(self.lock_key(key)?.remove()?)
     }
 
-    fn list(&self, dir: &str) -> Result<Listing, StoreError> {
+    fn list(&self, dir: &Path) -> Result<Listing, StoreError> {
         let mut listing = Listing::default();
-        for entry in Backing::list(self, Path::new(dir))? {
+        for entry in Backing::list(self, dir)? {
             let Some(name) = entry.name.to_str() else {
                 continue; // not a key an object store could hold
             };
             if entry.kind.is_dir() {
                 listing.dirs.push(name.to_string());
             } else if !name.ends_with(LOCK_SUFFIX)
-                && let Some(m) = self.stat(&Path::new(dir).join(name))?
+                && let Some(m) = self.stat(&dir.join(name))?
                 && m.is_file()
             {
                 listing.objects.push((name.to_string(), info_of(&m)));
@@ -89,13 +89,13 @@ impl Store for Backing {
         Ok(listing)
     }
 
-    fn describe(&self, key: &str) -> String {
-        self.path(Path::new(key)).display().to_string()
+    fn describe(&self, key: &Path) -> String {
+        self.path(key).display().to_string()
     }
 }
 
-/// A file's version: a rewrite by rename changes the inode, one in place the size or mtime.
-fn info_of(m: &Metadata) -> ObjectInfo {
+/// A file's version (also of shards this mount writes): a rewrite by rename changes the inode, one in place the size or mtime.
+pub fn info_of(m: &Metadata) -> ObjectInfo {
     ObjectInfo {
         size: m.len(),
         tag: format!("{}-{}-{}.{}", m.ino(), m.len(), m.mtime(), m.mtime_nsec()),

@@ -65,12 +65,16 @@ impl S3Server {
         ]
     }
 
-    /// Sets this server's environment in the test process (object_store reads it).
-    pub fn set_env(&self) {
-        for (k, v) in self.env() {
-            // SAFETY: test processes set these once, before any thread reads them.
-            unsafe { std::env::set_var(k, v) };
-        }
+    /// The configuration a store needs to reach this server (given explicitly: tests run
+    /// in parallel, each with its own server, so the process environment cannot say).
+    pub fn config(&self) -> Vec<(String, String)> {
+        self.env()
+            .into_iter()
+            .map(|(k, v)| {
+                let key = k.to_ascii_lowercase();
+                (key.trim_start_matches("aws_").to_string(), v)
+            })
+            .collect()
     }
 
     /// Runs Python `code` with `s3`, a boto3 client of this server, and returns its stdout.

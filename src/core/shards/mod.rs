@@ -459,7 +459,6 @@ impl ShardRegistry {
                 None => ChunkData::Absent,
                 Some(range) => ChunkData::Stored(StoredChunk {
                     rel,
-                    version: open.stored.version,
                     range,
                     mtime: open.stored.mtime,
                     file: open.file,

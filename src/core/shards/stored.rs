@@ -1,9 +1,8 @@
-//! Shard files as they are in BACKING: the decoded index of one version of a file, and the
-//! chunks it holds. Every read of a stored chunk goes through the descriptor its index was
-//! read from, so a rewrite of the shard file (by this mount, another one, or anyone) can
-//! never pair one version's index with another version's bytes.
+//! Shards as they are in the store: the decoded index of one version of a shard, and the
+//! chunks it holds. Every read of a stored chunk goes through the pinned version its index
+//! was read from (a descriptor, or an ETag), so a rewrite of the shard (by this mount,
+//! another one, or anyone) can never pair one version's index with another version's bytes.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -12,17 +11,19 @@ use bytes::Bytes;
 use tracing::warn;
 
 use super::super::error::FsError;
-use crate::backing::{Backing, FileVersion, is_absent, mtime_of};
 use crate::shard::{
-    ChunkRange, IndexError, IndexFormat, ShardFileError, ShardIndex, read_chunk_part, read_index,
+    ChunkRange, IndexError, IndexFormat, IndexLocation, ShardFileError, ShardIndex,
+    read_chunk_part, read_index,
 };
+use crate::store::{Blob, Store};
 
-/// The decoded index of one version of a shard file, or why it could not be decoded. The
-/// file itself is not kept open: arrays have more shards than a process has descriptors.
+/// The decoded index of one version of a shard, or why it could not be decoded. The shard
+/// itself is not kept open: arrays have more shards than a process has descriptors.
 #[derive(Clone, Debug)]
 pub(crate) struct StoredIndex {
     pub format: IndexFormat,
-    pub version: FileVersion,
+    /// The store's tag of the version (`ObjectInfo::tag`).
+    pub version: Arc<str>,
     pub mtime: SystemTime,
     pub index: Result<Arc<ShardIndex>, IndexError>,
 }
@@ -37,21 +38,20 @@ impl StoredIndex {
     }
 }
 
-/// One version of a shard file, open, with its index.
+/// One version of a shard, pinned, with its index.
 #[derive(Clone, Debug)]
 pub(crate) struct OpenShard {
-    pub file: Arc<File>,
+    pub file: Arc<dyn Blob>,
     pub stored: StoredIndex,
 }
 
-/// A stored chunk: which version of which shard file holds it, where, and that file open.
+/// A stored chunk: which version of which shard holds it, where, and that version pinned.
 #[derive(Clone, Debug)]
 pub struct StoredChunk {
     pub rel: PathBuf,
-    pub version: FileVersion,
     pub range: ChunkRange,
     pub mtime: SystemTime,
-    pub file: Arc<File>,
+    pub file: Arc<dyn Blob>,
 }
 
 impl StoredChunk {
@@ -71,46 +71,46 @@ impl StoredChunk {
     }
 }
 
-/// Opens the shard file at `rel` and finds its index: `cached` when it describes the very
-/// version opened, else decoded from the open file. `Ok(None)`: no shard file (or
-/// something that is not a regular file in its place).
+/// Opens the shard at `rel` and finds its index: `cached` when it describes the very
+/// version opened, else decoded from that version (an index at the end comes with the
+/// open). `Ok(None)`: no shard (or something that is not a regular file in its place).
 pub(crate) fn open_shard(
-    backing: &Backing,
+    store: &dyn Store,
     rel: &Path,
     format: &IndexFormat,
     cached: Option<&StoredIndex>,
 ) -> Result<Option<OpenShard>, FsError> {
-    let file = match backing.open(rel) {
-        Ok(f) => f,
-        Err(e) if is_absent(&e) || e.raw_os_error() == Some(libc::EINVAL) => return Ok(None),
-        Err(e) => return Err(e.into()),
+    let tail = match format.location {
+        IndexLocation::End => format.encoded_len(),
+        IndexLocation::Start => 0,
     };
-    let meta = file.metadata()?;
-    let version = FileVersion::of(&meta);
+    let Some(file) = store.open(rel, tail).map_err(std::io::Error::from)? else {
+        return Ok(None);
+    };
+    let info = file.info().clone();
     if let Some(c) = cached
-        && c.version == version
+        && *c.version == *info.tag
         && c.format == *format
     {
         return Ok(Some(OpenShard {
-            file: Arc::new(file),
+            file,
             stored: c.clone(),
         }));
     }
-    let index = match read_index(&file, meta.len(), format) {
+    let index = match read_index(&*file, info.size, format) {
         Ok(index) => Ok(Arc::new(index)),
         Err(ShardFileError::Index(e)) => {
-            warn!(shard = %backing.path(rel).display(),
-                "damaged shard, its chunks read as EIO: {e}");
+            warn!(shard = %store.describe(rel), "damaged shard, its chunks read as EIO: {e}");
             Err(e)
         }
         Err(ShardFileError::Io(e)) => return Err(e.into()),
     };
     Ok(Some(OpenShard {
-        file: Arc::new(file),
+        file,
         stored: StoredIndex {
             format: format.clone(),
-            version,
-            mtime: mtime_of(&meta),
+            version: info.tag.into(),
+            mtime: info.mtime,
             index,
         },
     }))

@@ -278,7 +278,7 @@ impl ShardJob<'_> {
         };
         let mut builder = ShardBuilder::new(self.format.clone());
         if let Some(open) = &current {
-            self.keep_stored(reg, &mut builder, &open.file, &open.stored)?;
+            self.keep_stored(reg, &mut builder, &*open.file, &open.stored)?;
         }
         for (pos, _, _, segments) in self.chosen {
             builder.set(*pos, segments.clone());
@@ -323,11 +323,12 @@ impl ShardJob<'_> {
         if self.mode != WriteMode::Complete {
             Stats::add(&reg.stats.partial_writes, 1);
         }
+        let info = crate::store::posix::info_of(meta);
         Written {
             stored: Some(StoredIndex {
                 format: self.format.clone(),
-                version: crate::backing::FileVersion::of(meta),
-                mtime: crate::backing::mtime_of(meta),
+                version: info.tag.into(),
+                mtime: info.mtime,
                 index: Ok(Arc::new(index)),
             }),
             from_body: false,
@@ -420,7 +421,7 @@ impl ShardJob<'_> {
         &self,
         reg: &ShardRegistry,
         builder: &mut ShardBuilder,
-        file: &std::fs::File,
+        file: &dyn crate::store::Blob,
         stored: &StoredIndex,
     ) -> Result<(), FsError> {
         let replaced: BTreeSet<usize> = self.chosen.iter().map(|(p, ..)| *p).collect();
