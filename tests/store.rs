@@ -72,11 +72,11 @@ fn conditional_writes(store: &dyn Store) {
     let (bytes, info) = store.get(Path::new("a/k"), 100).unwrap().unwrap();
     assert_eq!(&bytes[..], b"two");
     assert_eq!(info.tag, v2.tag);
-    assert!(
-        store
-            .put(Path::new("a/gone"), &one, Precondition::Matches(v2.tag))
-            .is_err()
-    );
+    assert!(is_conflict(store.put(
+        Path::new("a/gone"),
+        &one,
+        Precondition::Matches(v2.tag)
+    )));
 }
 
 /// A shard read as the mount reads one: its index from the pinned version's tail, a chunk
@@ -159,10 +159,39 @@ fn open(server: &S3Server, url: &str) -> ObjectBacked {
     ObjectBacked::open_with(url, &pairs).unwrap()
 }
 
+/// Names as users give them (non-ASCII, `~`) are keys as they are, and an empty object
+/// opens like any other.
+fn odd_names(store: &dyn Store) {
+    let key = Path::new("données/a~b");
+    store
+        .put(key, &[Bytes::from_static(b"x")], Precondition::Absent)
+        .unwrap();
+    let listing = store.list(Path::new("données")).unwrap();
+    assert_eq!(listing.objects.len(), 1);
+    assert_eq!(listing.objects[0].0, "a~b");
+    assert_eq!(
+        store.get(key, 10).unwrap().unwrap().0,
+        Bytes::from_static(b"x")
+    );
+    assert!(
+        store
+            .list(Path::new(""))
+            .unwrap()
+            .dirs
+            .contains(&"données".to_string())
+    );
+    store
+        .put(Path::new("empty"), &[], Precondition::None)
+        .unwrap();
+    let blob = store.open(Path::new("empty"), 16).unwrap().unwrap();
+    assert_eq!(blob.info().size, 0);
+}
+
 fn all(store: &dyn Store) {
     conditional_writes(store);
     shard_reads(store);
     listings(store);
+    odd_names(store);
 }
 
 #[test]
@@ -182,6 +211,7 @@ fn an_s3_server_keeps_the_store_rules() {
         "print(sorted({{v['Key'] for v in s3.list_object_versions(Bucket={BUCKET:?})['Versions']}}))"
     ));
     assert!(keys.contains("'some/prefix/arr/c/0/0'"), "{keys}");
+    assert!(keys.contains("'some/prefix/données/a~b'"), "{keys}");
     assert!(!keys.contains("'arr/"), "{keys}");
     // The index came with the open: one GET for it, one per chunk.
     let before = store.requests.get.load(Relaxed);
@@ -221,4 +251,39 @@ fn a_store_that_went_away_fails_in_bounded_time() {
         start.elapsed()
     );
     assert!(store.open(Path::new("k"), 0).is_err());
+}
+
+#[test]
+fn a_server_that_never_answers_fails_in_bounded_time() {
+    // Accepts connections and never answers: a hung server, not a gone one.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    let _held = std::thread::spawn(move || {
+        let mut open = Vec::new();
+        for conn in listener.incoming().flatten() {
+            open.push(conn);
+        }
+    });
+    let config = [
+        ("endpoint", endpoint.as_str()),
+        ("access_key_id", "testing"),
+        ("secret_access_key", "testing"),
+        ("region", "us-east-1"),
+        ("allow_http", "true"),
+    ];
+    let store = ObjectBacked::open_with(&format!("s3://{BUCKET}"), &config).unwrap();
+    let start = Instant::now();
+    let err = store
+        .put(
+            Path::new("k"),
+            &[Bytes::from_static(b"y")],
+            Precondition::None,
+        )
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Io(_)), "{err:?}");
+    assert!(
+        start.elapsed() < Duration::from_secs(45),
+        "{:?}",
+        start.elapsed()
+    );
 }

@@ -102,7 +102,8 @@ impl ObjectBacked {
                 ));
             }
         };
-        let prefix = ObjectPath::from(parsed.path());
+        let prefix = ObjectPath::from_url_path(parsed.path())
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("{url}: {e}")))?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("shardfs-store")
@@ -124,7 +125,11 @@ impl ObjectBacked {
                 format!("{}: an object key must be UTF-8", key.display()),
             )
         })?;
-        Ok(ObjectPath::from(super::join_key(&self.prefix, key)))
+        // Parsed, not built with `from`: that would percent-encode names (`données`,
+        // `a~b`) into keys other tools do not know.
+        ObjectPath::parse(super::join_key(&self.prefix, key)).map_err(|e| {
+            io::Error::new(io::ErrorKind::InvalidInput, format!("{}: {e}", key)).into()
+        })
     }
 
     fn count(&self, which: &AtomicU64) {
@@ -139,12 +144,31 @@ fn to_io(e: object_store::Error) -> io::Error {
     }
 }
 
+/// The version of an object as the server describes it. A store that sends no ETag gets a
+/// tag from its version id, or else from size and modification time, so that two versions
+/// never share a tag (which would pair one version's index with another's bytes); such a
+/// tag is never sent as `If-Match`.
 fn info_of(meta: &ObjectMeta) -> ObjectInfo {
+    let tag = match (&meta.e_tag, &meta.version) {
+        (Some(etag), _) if !etag.is_empty() => etag.clone(),
+        (_, Some(version)) => format!("version:{version}"),
+        _ => format!(
+            "modified:{}:{}",
+            meta.size,
+            meta.last_modified.timestamp_nanos_opt().unwrap_or_default()
+        ),
+    };
     ObjectInfo {
         size: meta.size,
-        tag: meta.e_tag.clone().unwrap_or_default(),
+        tag,
         mtime: meta.last_modified.into(),
     }
+}
+
+/// The tag as an `If-Match` value, when it is an ETag.
+fn etag(info: &ObjectInfo) -> Option<String> {
+    (!info.tag.starts_with("version:") && !info.tag.starts_with("modified:"))
+        .then(|| info.tag.clone())
 }
 
 /// One version of an object: its tail (fetched with the open) in memory, the rest read by
@@ -173,7 +197,11 @@ impl ReadAt for ObjectBlob {
         if end > self.info.size {
             return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
         }
-        let tail_start = self.info.size - self.tail.len() as u64;
+        let tail_start = self
+            .info
+            .size
+            .checked_sub(self.tail.len() as u64)
+            .ok_or_else(|| io::Error::other("the server sent more than the object holds"))?;
         if offset >= tail_start {
             let at = (offset - tail_start) as usize;
             buf.copy_from_slice(&self.tail[at..at + buf.len()]);
@@ -185,7 +213,7 @@ impl ReadAt for ObjectBlob {
         self.requests.get.fetch_add(1, Relaxed);
         let options = GetOptions {
             range: Some(GetRange::Bounded(offset..end)),
-            if_match: Some(self.info.tag.clone()),
+            if_match: etag(&self.info),
             ..GetOptions::default()
         };
         let bytes = self.runtime.block_on(async {
@@ -223,6 +251,17 @@ impl ObjectBacked {
         key: &Path,
         range: Option<GetRange>,
     ) -> Result<Option<(Bytes, ObjectInfo, Range<u64>)>, StoreError> {
+        self.get_at_most(key, range, u64::MAX)
+    }
+
+    /// As `get_range`, refusing (EFBIG) before the body is read when more than `limit`
+    /// bytes would come.
+    fn get_at_most(
+        &self,
+        key: &Path,
+        range: Option<GetRange>,
+        limit: u64,
+    ) -> Result<Option<(Bytes, ObjectInfo, Range<u64>)>, StoreError> {
         self.count(&self.requests.get);
         let path = self.path(key)?;
         let options = GetOptions {
@@ -232,10 +271,14 @@ impl ObjectBacked {
         let got = self.runtime.block_on(async {
             let r = self.store.get_opts(&path, options).await?;
             let (meta, range) = (r.meta.clone(), r.range.clone());
-            Ok::<_, object_store::Error>((r.bytes().await?, meta, range))
+            if range.end - range.start > limit {
+                return Ok(None);
+            }
+            Ok::<_, object_store::Error>(Some((r.bytes().await?, meta, range)))
         });
         match got {
-            Ok((bytes, meta, range)) => Ok(Some((bytes, info_of(&meta), range))),
+            Ok(Some((bytes, meta, range))) => Ok(Some((bytes, info_of(&meta), range))),
+            Ok(None) => Err(io::Error::from_raw_os_error(libc::EFBIG).into()),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(to_io(e).into()),
         }
@@ -255,11 +298,17 @@ impl Store for ObjectBacked {
             match self.get_range(key, Some(GetRange::Suffix(tail))) {
                 Ok(Some((bytes, info, _))) => (bytes, info),
                 Ok(None) => return Ok(None),
-                // An empty object has no suffix to return.
-                Err(_) => match self.get_range(key, None)? {
-                    Some((bytes, info, _)) => (bytes, info),
-                    None => return Ok(None),
-                },
+                // An empty object has no suffix to return: a HEAD tells. Any other failure
+                // stands (never a GET of a whole shard in its place).
+                Err(e) => {
+                    self.count(&self.requests.head);
+                    match self.runtime.block_on(self.store.head(&self.path(key)?)) {
+                        Ok(meta) if meta.size == 0 => (Bytes::new(), info_of(&meta)),
+                        Ok(_) => return Err(e),
+                        Err(object_store::Error::NotFound { .. }) => return Ok(None),
+                        Err(_) => return Err(e),
+                    }
+                }
             }
         };
         Ok(Some(Arc::new(ObjectBlob {
@@ -273,13 +322,9 @@ impl Store for ObjectBacked {
     }
 
     fn get(&self, key: &Path, limit: u64) -> Result<Option<(Bytes, ObjectInfo)>, StoreError> {
-        match self.get_range(key, None)? {
-            Some((bytes, _, _)) if bytes.len() as u64 > limit => {
-                Err(io::Error::from_raw_os_error(libc::EFBIG).into())
-            }
-            Some((bytes, info, _)) => Ok(Some((bytes, info))),
-            None => Ok(None),
-        }
+        Ok(self
+            .get_at_most(key, None, limit)?
+            .map(|(bytes, info, _)| (bytes, info)))
     }
 
     fn put(
@@ -292,9 +337,23 @@ impl Store for ObjectBacked {
         let mode = match &when {
             Precondition::None => PutMode::Overwrite,
             Precondition::Absent => PutMode::Create,
-            Precondition::Matches(tag) => PutMode::Update(UpdateVersion {
-                e_tag: Some(tag.clone()),
-                version: None,
+            Precondition::Matches(tag) => PutMode::Update(match tag.strip_prefix("version:") {
+                Some(version) => UpdateVersion {
+                    e_tag: None,
+                    version: Some(version.to_string()),
+                },
+                None if tag.starts_with("modified:") => {
+                    return Err(io::Error::other(format!(
+                        "{}: the store gave this object neither an ETag nor a version, so it \
+                         cannot be replaced conditionally",
+                        self.describe(key)
+                    ))
+                    .into());
+                }
+                None => UpdateVersion {
+                    e_tag: Some(tag.clone()),
+                    version: None,
+                },
             }),
         };
         let payload: PutPayload = parts.iter().cloned().collect();
@@ -342,7 +401,14 @@ impl Store for ObjectBacked {
             .runtime
             .block_on(self.store.list_with_delimiter(prefix.as_ref()))
             .map_err(to_io)?;
-        let name = |p: &ObjectPath| p.filename().map(str::to_string);
+        // The one part below the listed prefix; a folder marker (`dir/`, which parses as
+        // the prefix itself) has none and is not an object of the directory.
+        let name = |p: &ObjectPath| {
+            let base = prefix.clone().unwrap_or_default();
+            let mut parts = p.prefix_match(&base)?;
+            let first = parts.next()?;
+            parts.next().is_none().then(|| first.as_ref().to_string())
+        };
         let mut listing = Listing {
             dirs: result.common_prefixes.iter().filter_map(name).collect(),
             objects: result

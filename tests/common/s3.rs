@@ -34,9 +34,13 @@ impl S3Server {
             .stderr(Stdio::null())
             .spawn()
             .expect("moto's server starts (it is in scripts/requirements.txt)");
-        let server = S3Server { child, port };
+        let mut server = S3Server { child, port };
         let start = Instant::now();
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            // Exited (the port was taken meanwhile): never talk to another test's server.
+            if let Ok(Some(status)) = server.child.try_wait() {
+                panic!("moto's server exited: {status}");
+            }
             assert!(
                 start.elapsed() < Duration::from_secs(30),
                 "moto's server did not listen"
