@@ -22,7 +22,7 @@ impl ToErrno for FsError {
             FsError::CrossDevice(_) => libc::EXDEV,
             FsError::Changed => libc::ESTALE,
             FsError::TooBig(_) => libc::EFBIG,
-            FsError::Busy(_) => libc::EBUSY,
+            FsError::Busy(_) | FsError::Conflict(_) => libc::EBUSY,
             FsError::Failed(_, errno) => *errno,
             FsError::DamagedShard { .. } => libc::EIO,
             FsError::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),

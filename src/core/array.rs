@@ -9,9 +9,11 @@ use std::time::SystemTime;
 use bytes::Bytes;
 
 use super::error::FsError;
-use crate::backing::{Backing, FileVersion, join_rel};
+use crate::backing::{FileVersion, join_rel};
 use crate::grid;
+use crate::store::Store;
 use crate::zarr::{ArrayMetadata, KeyNode, ShardLayout};
+use std::io;
 
 #[derive(Debug)]
 pub struct ArrayState {
@@ -56,14 +58,14 @@ impl ArrayState {
     /// `shard_prefix` in BACKING, until `f` breaks.
     pub fn walk_shard_files(
         &self,
-        backing: &Backing,
+        store: &dyn Store,
         shard_prefix: &[u64],
         f: &mut dyn FnMut(Vec<u64>) -> ControlFlow<()>,
     ) -> Result<(), FsError> {
         if self.layout.ndim() == 0 {
             // The only shard of a 0-d array is a file named like a directory prefix.
             let key = self.rel.join(self.layout.key_encoding.encode(&[]));
-            if backing.stat(&key)?.is_some_and(|m| m.is_file()) {
+            if store.open(&key, 0).map_err(io::Error::from)?.is_some() {
                 let _ = f(vec![]);
             }
             return Ok(());
@@ -77,27 +79,28 @@ impl ArrayState {
                 ControlFlow::Continue(())
             }
         };
-        let _stopped_early = self.walk_dir(backing, &dir, &mut filtered)?;
+        let _stopped_early = self.walk_dir(store, &dir, &mut filtered)?;
         Ok(())
     }
 
     /// The shard indices of coordinate `shard_prefix.len()` that have a directory below
-    /// the key-tree directory of `shard_prefix` in BACKING, ascending. Only for a `/`
+    /// the key-tree directory of `shard_prefix` in the store, ascending. Only for a `/`
     /// separated key whose shards lie at least one level further down.
     pub fn shard_coords_below(
         &self,
-        backing: &Backing,
+        store: &dyn Store,
         shard_prefix: &[u64],
     ) -> Result<Vec<u64>, FsError> {
         let encoding = self.layout.key_encoding;
         let dir = join_rel(&self.rel, encoding.prefix_dir(shard_prefix).as_ref());
         let node = KeyNode::Dir(shard_prefix.to_vec());
-        let mut out: Vec<u64> = backing
-            .list(&dir)?
+        let mut out: Vec<u64> = store
+            .list(&dir)
+            .map_err(io::Error::from)?
+            .dirs
             .into_iter()
-            .filter(|e| e.kind.is_dir())
             .filter_map(
-                |e| match encoding.child(&node, e.name.to_str()?, self.layout.ndim()) {
+                |name| match encoding.child(&node, &name, self.layout.ndim()) {
                     Some(KeyNode::Dir(coords)) => coords.last().copied(),
                     _ => None,
                 },
@@ -109,22 +112,23 @@ impl ArrayState {
 
     fn walk_dir(
         &self,
-        backing: &Backing,
+        store: &dyn Store,
         dir: &Path,
         f: &mut dyn FnMut(Vec<u64>) -> ControlFlow<()>,
     ) -> Result<ControlFlow<()>, FsError> {
         let ndim = self.layout.ndim();
         let shard_grid = self.layout.shard_grid_shape();
-        let mut entries = backing.list(dir)?;
-        entries.sort_by(|a, b| a.name.cmp(&b.name));
-        for entry in entries {
-            let path = join_rel(dir, &entry.name);
-            if entry.kind.is_dir() {
-                if self.walk_dir(backing, &path, f)?.is_break() {
-                    return Ok(ControlFlow::Break(()));
-                }
-                continue;
+        let listing = store.list(dir).map_err(io::Error::from)?;
+        for name in &listing.dirs {
+            if self
+                .walk_dir(store, &join_rel(dir, name.as_ref()), f)?
+                .is_break()
+            {
+                return Ok(ControlFlow::Break(()));
             }
+        }
+        for name in &listing.objects {
+            let path = join_rel(dir, name.as_ref());
             let Some(key) = path.strip_prefix(&self.rel).ok().and_then(|k| k.to_str()) else {
                 continue;
             };

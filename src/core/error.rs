@@ -37,6 +37,9 @@ pub enum FsError {
     TooBig(String),
     #[error("busy: {0}")]
     Busy(String),
+    /// A conditional write found a version other than the one it read: read and retry.
+    #[error("{0} was changed by another writer meanwhile")]
+    Conflict(String),
     #[error("shard write failed earlier: {0}")]
     Failed(String, i32),
     #[error("damaged shard {path}: {reason}")]

@@ -144,12 +144,26 @@ impl ShardFs {
     }
 
     pub fn with_config(backing: Backing, daemon: DaemonInfo, config: WriteConfig) -> ShardFs {
+        let store = Arc::new(backing.clone());
+        ShardFs::with_store(backing, store, true, daemon, config)
+    }
+
+    /// A core whose shards live in `store` (an object store), while the rest of the tree
+    /// (directories, `zarr.json`, the journal) lives in `backing`. `store_is_backing` when
+    /// `store` is `backing` itself.
+    pub fn with_store(
+        backing: Backing,
+        store: Arc<dyn crate::store::Store>,
+        store_is_backing: bool,
+        daemon: DaemonInfo,
+        config: WriteConfig,
+    ) -> ShardFs {
         ShardFs {
             backing,
             inodes: InodeTable::new(),
             classifier: Classifier::default(),
             handles: HandleTable::default(),
-            shards: ShardRegistry::new(config.index_cache),
+            shards: ShardRegistry::new(config.index_cache, store, store_is_backing),
             temps: TempNames::default(),
             config,
             daemon,

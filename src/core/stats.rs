@@ -13,6 +13,8 @@ pub struct Stats {
     pub partial_writes: AtomicU64,
     /// Writes that had to read chunks back from the existing shard file.
     pub merges: AtomicU64,
+    /// Shard writes that found another writer's version in place and merged again.
+    pub write_conflicts: AtomicU64,
     /// Of the shards written, those made from their journal body (their fsynced chunks
     /// were not written again).
     pub shards_from_bodies: AtomicU64,
@@ -38,6 +40,8 @@ pub struct StatsReport {
     pub shards_written: u64,
     pub partial_writes: u64,
     pub merges: u64,
+    #[serde(default)]
+    pub write_conflicts: u64,
     #[serde(default)]
     pub shards_from_bodies: u64,
     pub shards_deleted: u64,
@@ -70,6 +74,7 @@ impl Stats {
             shards_written: get(&self.shards_written),
             partial_writes: get(&self.partial_writes),
             merges: get(&self.merges),
+            write_conflicts: get(&self.write_conflicts),
             shards_from_bodies: get(&self.shards_from_bodies),
             shards_deleted: get(&self.shards_deleted),
             bytes_written: get(&self.bytes_written),

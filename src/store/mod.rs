@@ -69,11 +69,12 @@ pub trait Blob: ReadAt + Send + Sync + Debug {
 }
 
 /// One level of a listing: the names of the directories (common prefixes) and of the
-/// objects directly below, sorted.
+/// objects directly below, sorted. Names only: a directory of files would need a stat per
+/// file for more, and nothing that walks shards needs it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Listing {
     pub dirs: Vec<String>,
-    pub objects: Vec<(String, ObjectInfo)>,
+    pub objects: Vec<String>,
 }
 
 /// Keys are paths relative to the store's root, `/`-separated; an object store takes only
@@ -93,8 +94,8 @@ pub trait Store: Send + Sync + Debug {
         parts: &[Bytes],
         when: Precondition,
     ) -> Result<ObjectInfo, StoreError>;
-    /// Removes `key`. `Ok(false)`: it was not there.
-    fn delete(&self, key: &Path) -> Result<bool, StoreError>;
+    /// Removes `key` if `when` holds. `Ok(false)`: it was not there.
+    fn delete(&self, key: &Path, when: Precondition) -> Result<bool, StoreError>;
     /// The directories and objects directly below `dir` ("" for the top).
     fn list(&self, dir: &Path) -> Result<Listing, StoreError>;
     /// `key` as a user would name it, for messages.

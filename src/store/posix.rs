@@ -49,12 +49,7 @@ impl Store for Backing {
     ) -> Result<ObjectInfo, StoreError> {
         let lock = self.lock_key(key)?;
         let current = self.stat(key)?.filter(Metadata::is_file);
-        let holds = match (&when, &current) {
-            (Precondition::None, _) | (Precondition::Absent, None) => true,
-            (Precondition::Matches(tag), Some(m)) => &info_of(m).tag == tag,
-            _ => false,
-        };
-        if !holds {
+        if !holds(&when, current.as_ref()) {
             return Err(StoreError::Conflict(self.describe(key)));
         }
         let durability = if current.is_some() {
@@ -65,8 +60,16 @@ impl Store for Backing {
         Ok(info_of(&lock.replace(parts, durability)?))
     }
 
-    fn delete(&self, key: &Path) -> Result<bool, StoreError> {
-        Ok(self.lock_key(key)?.remove()?)
+    fn delete(&self, key: &Path, when: Precondition) -> Result<bool, StoreError> {
+        let lock = self.lock_key(key)?;
+        let current = self.stat(key)?.filter(Metadata::is_file);
+        if !holds(&when, current.as_ref()) {
+            return Err(StoreError::Conflict(self.describe(key)));
+        }
+        let dir = lock.dir_rel().to_path_buf();
+        let removed = lock.remove()?;
+        self.prune_empty_dirs(&dir, dir.ancestors().last().unwrap_or(&dir));
+        Ok(removed)
     }
 
     fn list(&self, dir: &Path) -> Result<Listing, StoreError> {
@@ -77,20 +80,27 @@ impl Store for Backing {
             };
             if entry.kind.is_dir() {
                 listing.dirs.push(name.to_string());
-            } else if !name.ends_with(LOCK_SUFFIX)
-                && let Some(m) = self.stat(&dir.join(name))?
-                && m.is_file()
-            {
-                listing.objects.push((name.to_string(), info_of(&m)));
+            } else if !name.ends_with(LOCK_SUFFIX) {
+                // Whatever else is there: an open tells a regular file from the rest.
+                listing.objects.push(name.to_string());
             }
         }
         listing.dirs.sort();
-        listing.objects.sort_by(|a, b| a.0.cmp(&b.0));
+        listing.objects.sort();
         Ok(listing)
     }
 
     fn describe(&self, key: &Path) -> String {
         self.path(key).display().to_string()
+    }
+}
+
+/// Whether `when` holds for the file as it is (`None`: no file).
+fn holds(when: &Precondition, current: Option<&Metadata>) -> bool {
+    match (when, current) {
+        (Precondition::None, _) | (Precondition::Absent, None) => true,
+        (Precondition::Matches(tag), Some(m)) => &info_of(m).tag == tag,
+        _ => false,
     }
 }
 

@@ -41,7 +41,7 @@ impl ShardRegistry {
             }
         }
         let mut failed = None;
-        array.walk_shard_files(backing, &shard_prefix, &mut |shard| {
+        array.walk_shard_files(&*self.store, &shard_prefix, &mut |shard| {
             if in_memory.contains(&shard) {
                 return ControlFlow::Continue(());
             }
@@ -166,7 +166,7 @@ impl ShardRegistry {
                 ControlFlow::Continue(())
             })?;
         }
-        for s in array.shard_coords_below(backing, &shard_prefix)? {
+        for s in array.shard_coords_below(&*self.store, &shard_prefix)? {
             // The entries shard index `s` of this coordinate can hold.
             let start = s.saturating_mul(cps);
             if start >= extent {
@@ -181,7 +181,7 @@ impl ShardRegistry {
             let mut group = shard_prefix.clone();
             group.push(s);
             let mut failed = None;
-            array.walk_shard_files(backing, &group, &mut |shard| {
+            array.walk_shard_files(&*self.store, &group, &mut |shard| {
                 if in_memory.contains(&shard) {
                     return ControlFlow::Continue(());
                 }

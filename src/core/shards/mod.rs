@@ -55,6 +55,11 @@ pub struct ShardRegistry {
     /// Shard files written (or removed) but not yet made durable, with the journal records
     /// that wait on them.
     unsynced: Mutex<BTreeMap<SlotKey, Unsynced>>,
+    /// Where shards are read and written: BACKING itself, or an object store.
+    store: Arc<dyn crate::store::Store>,
+    /// `store` is BACKING itself: shards are files beside the journal, so a body can be
+    /// renamed into place and a file synced.
+    store_is_backing: bool,
 }
 
 #[derive(Debug)]
@@ -62,12 +67,6 @@ struct Unsynced {
     rel: PathBuf,
     records: Vec<crate::journal::RecordRef>,
     since: Instant,
-}
-
-impl Default for ShardRegistry {
-    fn default() -> Self {
-        ShardRegistry::new(DEFAULT_INDEX_CACHE)
-    }
 }
 
 #[derive(Debug)]
@@ -164,8 +163,15 @@ pub struct PendingShard {
 }
 
 impl ShardRegistry {
-    pub fn new(cache_limit: u64) -> ShardRegistry {
+    /// Shards kept in `store`; `store_is_backing` when that is BACKING's own directory.
+    pub fn new(
+        cache_limit: u64,
+        store: Arc<dyn crate::store::Store>,
+        store_is_backing: bool,
+    ) -> ShardRegistry {
         ShardRegistry {
+            store,
+            store_is_backing,
             slots: Mutex::default(),
             stats: Stats::default(),
             pending_bytes: AtomicI64::new(0),
@@ -413,7 +419,8 @@ impl ShardRegistry {
     ) -> Result<Option<OpenShard>, FsError> {
         let array = &slot.array;
         let rel = array.shard_rel(shard);
-        let opened = open_shard(backing, &rel, &array.layout.index, st.stored.as_ref())?;
+        let _ = backing;
+        let opened = open_shard(&*self.store, &rel, &array.layout.index, st.stored.as_ref())?;
         let current = opened.as_ref().map(|o| o.stored.clone());
         let same = match (&current, &st.stored) {
             (Some(a), Some(b)) => a.version == b.version,

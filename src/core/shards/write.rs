@@ -19,13 +19,13 @@ use super::body::InBody;
 use super::stored::{StoredIndex, open_shard};
 use super::{Failure, ShardRegistry, ShardSlot};
 use crate::backing::Backing;
-use crate::backing::lock::Durability;
 use crate::errno::ToErrno;
 use crate::journal::RecordRef;
 use crate::journal::body::Finishing;
 use crate::shard::{
     ChunkRange, IndexFormat, IndexLocation, ShardBuilder, ShardIndex, read_chunk_part,
 };
+use crate::store::{ObjectInfo, Precondition, StoreError};
 
 /// What a shard write includes. Every shard write is durable: file synced, then renamed,
 /// then its directory synced.
@@ -264,17 +264,34 @@ struct ShardJob<'a> {
 }
 
 impl ShardJob<'_> {
-    /// Under the key lock: reads the shard file as it is now, builds the new one from the
-    /// chunks that stay and the chosen ones, and puts it in place (or removes the file).
+    /// Reads the shard as it is now, builds the new one from the chunks that stay and the
+    /// chosen ones, and puts it in place (or removes it) on the condition that it is still
+    /// the version read; another writer's version in between means reading and merging
+    /// again. In a directory the condition is checked under the key lock that every
+    /// writer of the lock protocol takes; an object store checks it itself.
     fn run(&self, reg: &ShardRegistry) -> Result<Written, FsError> {
-        let key = self.backing.lock_key(self.rel)?;
+        let mut conflicts = 0;
+        loop {
+            match self.attempt(reg) {
+                Err(FsError::Conflict(what)) if conflicts < MAX_CONFLICTS => {
+                    conflicts += 1;
+                    Stats::add(&reg.stats.write_conflicts, 1);
+                    debug!(shard = %what, conflicts, "shard changed meanwhile: merging again");
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn attempt(&self, reg: &ShardRegistry) -> Result<Written, FsError> {
         #[cfg(test)]
         if super::super::flush::tests::PANIC_IN_SHARD_WRITE.get() {
             panic!("injected panic half-way through a shard write");
         }
+        let store = &*reg.store;
         let current = match self.mode {
             WriteMode::Replace => None,
-            _ => open_shard(self.backing, self.rel, self.format, self.cached)?,
+            _ => open_shard(store, self.rel, self.format, self.cached)?,
         };
         let mut builder = ShardBuilder::new(self.format.clone());
         if let Some(open) = &current {
@@ -283,39 +300,39 @@ impl ShardJob<'_> {
         for (pos, _, _, segments) in self.chosen {
             builder.set(*pos, segments.clone());
         }
+        let when = match (&current, self.mode) {
+            (_, WriteMode::Replace) => Precondition::None,
+            (Some(open), _) => Precondition::Matches(open.stored.version.to_string()),
+            (None, _) => Precondition::Absent,
+        };
         let Some(encoded) = builder.build() else {
-            let dir = key.dir_rel().to_path_buf();
-            if key.remove()? {
+            if store.delete(self.rel, when).map_err(store_err)? {
                 Stats::add(&reg.stats.shards_deleted, 1);
                 debug!(shard = %self.rel.display(), "shard removed: no chunk left");
             }
-            self.backing
-                .prune_empty_dirs(&dir, dir.ancestors().last().unwrap_or(&dir));
             return Ok(Written {
                 stored: None,
                 from_body: false,
                 durable: false,
             });
         };
-        // A sync costs only what was asked for: a shard that replaces one is synced before
-        // its rename (the old data must never be lost to a torn file); a new one is not.
-        // Either is made durable later, when a writer's fsync, the background pass or the
-        // unmount asks (`ShardRegistry::make_durable`).
-        let durability = match current {
-            Some(_) => Durability::DataBeforeRename,
-            None => Durability::Later,
-        };
-        let meta = key.replace(encoded.buffers(), durability)?;
+        // A sync costs only what was asked for: in a directory, a shard that replaces one
+        // is synced before its rename (the old data must never be lost to a torn file); a
+        // new one is not. Either is made durable later, when a writer's fsync, the
+        // background pass or the unmount asks (`ShardRegistry::make_durable`).
+        let info = store
+            .put(self.rel, encoded.buffers(), when)
+            .map_err(store_err)?;
         debug!(shard = %self.rel.display(), bytes = encoded.len(), mode = ?self.mode, "shard written");
-        Ok(self.written(reg, encoded.len(), &meta, encoded.index().clone()))
+        Ok(self.written(reg, encoded.len(), info, encoded.index().clone()))
     }
 
-    /// Counts a shard written (`bytes` of it by this write) and describes the new file.
+    /// Counts a shard written (`bytes` of it by this write) and describes the new version.
     fn written(
         &self,
         reg: &ShardRegistry,
         bytes: u64,
-        meta: &std::fs::Metadata,
+        info: ObjectInfo,
         index: ShardIndex,
     ) -> Written {
         Stats::add(&reg.stats.shards_written, 1);
@@ -323,7 +340,6 @@ impl ShardJob<'_> {
         if self.mode != WriteMode::Complete {
             Stats::add(&reg.stats.partial_writes, 1);
         }
-        let info = crate::store::posix::info_of(meta);
         Written {
             stored: Some(StoredIndex {
                 format: self.format.clone(),
@@ -346,7 +362,11 @@ impl ShardJob<'_> {
         body: &mut Finishing,
         in_body: &BTreeMap<usize, InBody>,
     ) -> Result<Option<Written>, FsError> {
-        if self.format.location != IndexLocation::End || self.chosen.is_empty() {
+        // A body becomes the shard by a rename: only where the shard is a file beside it.
+        if self.format.location != IndexLocation::End
+            || self.chosen.is_empty()
+            || !reg.store_is_backing
+        {
             return Ok(None);
         }
         let key = self.backing.lock_key(self.rel)?;
@@ -382,13 +402,13 @@ impl ShardJob<'_> {
                 |e| warn!(shard = %self.rel.display(), "shard written, not yet durable: {e}"),
             )
             .is_ok();
-        let meta = body.metadata()?;
+        let info = crate::store::posix::info_of(&body.metadata()?);
         Stats::add(&reg.stats.shards_from_bodies, 1);
         debug!(shard = %self.rel.display(), bytes = body.len(), mode = ?self.mode, "shard written from its body");
         Ok(Some(Written {
             from_body: true,
             durable,
-            ..self.written(reg, body.len() - start, &meta, index)
+            ..self.written(reg, body.len() - start, info, index)
         }))
     }
 
@@ -458,4 +478,15 @@ pub fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
         .map(|s| s.to_string())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_default()
+}
+
+/// How many times a shard write reads and merges again because another writer's version
+/// came in between, before it gives up (EBUSY); each retry means that writer made progress.
+const MAX_CONFLICTS: u32 = 64;
+
+fn store_err(e: StoreError) -> FsError {
+    match e {
+        StoreError::Conflict(what) => FsError::Conflict(what),
+        StoreError::Io(e) => e.into(),
+    }
 }
