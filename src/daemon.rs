@@ -24,10 +24,14 @@ use crate::backing::Backing;
 use crate::core::{CONTROL_FILE, DaemonInfo, ShardFs, WriteConfig};
 use crate::fuse::FuseAdapter;
 use crate::journal::JOURNAL_DIR;
+use crate::store::object::ObjectBacked;
 
 #[derive(Clone, Debug)]
 pub struct MountConfig {
+    /// BACKING: the directory, or for an object store, the local cache mirroring it.
     pub backing: PathBuf,
+    /// The object store mounted (`s3://…`), when BACKING is its cache.
+    pub object_url: Option<String>,
     pub mountpoint: PathBuf,
     pub threads: usize,
     pub allow_other: bool,
@@ -56,6 +60,8 @@ pub enum DaemonError {
     Busy(String),
     #[error("the daemon failed to start: {0}")]
     StartFailed(String),
+    #[error("{url}: {message}")]
+    Store { url: String, message: String },
     #[error("the daemon reported: {0}")]
     Unclean(String),
     #[error("{0}")]
@@ -247,6 +253,29 @@ fn detach(mountpoint: &Path) -> io::Result<()> {
 }
 
 /// The daemon proper: mounts, reports through `ready`, serves until unmounted.
+/// The core of an object-store mount: the store opened, its tree mirrored into the cache
+/// `backing`, shards read and written in the store, the rest published to it.
+fn object_core(
+    url: &str,
+    backing: &Path,
+    local: Backing,
+    daemon: DaemonInfo,
+    config: &MountConfig,
+) -> Result<ShardFs, DaemonError> {
+    let store = Arc::new(ObjectBacked::open(url).map_err(|e| DaemonError::Store {
+        url: url.to_string(),
+        message: e.to_string(),
+    })?);
+    crate::store::mirror::prepare(&*store, url, backing).map_err(|e| DaemonError::Store {
+        url: url.to_string(),
+        message: e.to_string(),
+    })?;
+    Ok(
+        ShardFs::with_store(local, store.clone(), false, daemon, config.write.clone())
+            .publishing_to(store),
+    )
+}
+
 pub fn run_foreground(config: &MountConfig, ready: Option<OwnedFd>) -> Result<(), DaemonError> {
     let mut ready = ready.map(fs::File::from);
     let mut report = |msg: &str| {
@@ -267,14 +296,21 @@ pub fn run_foreground(config: &MountConfig, ready: Option<OwnedFd>) -> Result<()
     sweep_status_files(status_file.parent());
     let signals = block_signals();
     raise_fd_limit();
-    let core = ShardFs::with_config(
-        Backing::new(backing.clone()).map_err(io_err(&backing))?,
-        DaemonInfo {
-            pid: std::process::id(),
-            status_file: status_file.clone(),
+    let daemon = DaemonInfo {
+        pid: std::process::id(),
+        status_file: status_file.clone(),
+    };
+    let local = Backing::new(backing.clone()).map_err(io_err(&backing))?;
+    let core = match &config.object_url {
+        None => ShardFs::with_config(local, daemon, config.write.clone()),
+        Some(url) => match object_core(url, &backing, local, daemon, config) {
+            Ok(core) => core,
+            Err(e) => {
+                report(&e.to_string());
+                return Err(e);
+            }
         },
-        config.write.clone(),
-    );
+    };
     let core = Arc::new(if config.write.journal {
         core.with_journal()
             .map_err(io_err(&backing.join(JOURNAL_DIR)))?
@@ -289,7 +325,13 @@ pub fn run_foreground(config: &MountConfig, ready: Option<OwnedFd>) -> Result<()
     }
     let mut fuse_config = Config::default();
     fuse_config.mount_options = vec![
-        MountOption::FSName(format!("shardfs:{}", backing.display())),
+        MountOption::FSName(format!(
+            "shardfs:{}",
+            config
+                .object_url
+                .clone()
+                .unwrap_or_else(|| backing.display().to_string())
+        )),
         MountOption::Subtype("shardfs".into()),
         MountOption::DefaultPermissions,
         MountOption::NoAtime,

@@ -6,42 +6,16 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
-use common::mount::{Mounted, dirs, python_ok};
-use common::{assert_ok, shardfs, stdout};
+use common::mount::{Mounted, dirs};
+use common::{all_succeed, assert_ok, create_shared, shardfs, spawn_shared, stdout};
 
 const LIMIT: Duration = Duration::from_secs(400);
 
 fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/shared.py")
-}
-
-fn spawn(args: &[&str]) -> Child {
-    Command::new(common::python())
-        .arg(script())
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
-/// Waits for both writers; each must succeed.
-fn both_succeed(children: Vec<Child>) {
-    let start = Instant::now();
-    for mut c in children {
-        while c.try_wait().unwrap().is_none() {
-            if start.elapsed() > Duration::from_secs(240) {
-                let _ = c.kill();
-                panic!("a writer hung");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let out = c.wait_with_output().unwrap();
-        assert_ok(&out, "writer");
-    }
 }
 
 fn check(backing: &Path) {
@@ -62,16 +36,11 @@ fn two_mounts_write_interleaved_chunks_of_the_same_shards() {
     let args = ["--chunks-per-shard", "4", "--idle-flush", "600"];
     let a = Mounted::new(&backing, &args, LIMIT);
     let b = Mounted::new(&backing, &args, LIMIT);
-    let create = Command::new(common::python())
-        .arg(script())
-        .args(["create", a.path("a").to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert_ok(&create, "create");
+    create_shared(&a.path("a"));
     // Two rounds each: the second round's merges meet the other mount's shards.
-    both_succeed(vec![
-        spawn(&["write", a.path("a").to_str().unwrap(), "0", "2"]),
-        spawn(&["write", b.path("a").to_str().unwrap(), "1", "2"]),
+    all_succeed(vec![
+        spawn_shared(&["write", a.path("a").to_str().unwrap(), "0", "2"]),
+        spawn_shared(&["write", b.path("a").to_str().unwrap(), "1", "2"]),
     ]);
     assert_ok(&a.unmount(&[]), "unmount a");
     assert_ok(&b.unmount(&[]), "unmount b");
@@ -86,17 +55,12 @@ fn a_mount_and_native_tensorstore_share_shards() {
         &["--chunks-per-shard", "4", "--idle-flush", "600"],
         LIMIT,
     );
-    python_ok(
-        "create",
-        "import sys, subprocess; subprocess.run([sys.executable, sys.argv[1], 'create', \
-         sys.argv[2]], check=True)",
-        &[&script(), &m.path("a")],
-    );
+    create_shared(&m.path("a"));
     // tensorstore writes the sharded array in BACKING itself (read-modify-write of whole
     // shards under its lock), while the mount writes the other chunks.
-    both_succeed(vec![
-        spawn(&["write", m.path("a").to_str().unwrap(), "0", "2"]),
-        spawn(&["write", backing.join("a").to_str().unwrap(), "1", "2"]),
+    all_succeed(vec![
+        spawn_shared(&["write", m.path("a").to_str().unwrap(), "0", "2"]),
+        spawn_shared(&["write", backing.join("a").to_str().unwrap(), "1", "2"]),
     ]);
     assert_ok(&m.unmount(&[]), "unmount");
     check(&backing);

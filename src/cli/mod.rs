@@ -62,8 +62,16 @@ enum Command {
 
 #[derive(clap::Args, Debug, Clone)]
 struct MountArgs {
-    /// The directory holding the Zarr hierarchy.
+    /// The directory holding the Zarr hierarchy, or an object store: s3://BUCKET/PREFIX
+    /// (also gs://, az://), with credentials and endpoint from the environment
+    /// (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION,
+    /// AWS_ALLOW_HTTP=true for a plain-HTTP endpoint).
     backing: PathBuf,
+    /// For an object store: the local directory holding the tree's directories and
+    /// metadata documents (mirrored at every mount) and the fsync journal, replayed by the
+    /// next mount on this node [default: /var/cache/shardfs/<the URL, made a name>].
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
     /// Where to show it.
     mountpoint: PathBuf,
     /// Stay attached and log to stderr.
@@ -185,8 +193,25 @@ fn mount(args: MountArgs) -> ExitCode {
             .or_else(|_| std::path::absolute(p))
             .unwrap_or_else(|_| p.to_path_buf())
     };
+    let url = args
+        .backing
+        .to_str()
+        .filter(|b| crate::store::object::is_object_url(b))
+        .map(str::to_string);
+    let backing = match (&url, &args.cache_dir) {
+        (None, _) => abs(&args.backing),
+        (Some(_), Some(dir)) => std::path::absolute(dir).unwrap_or_else(|_| dir.clone()),
+        (Some(url), None) => default_cache_dir(url),
+    };
+    if url.is_some()
+        && let Err(e) = std::fs::create_dir_all(&backing)
+    {
+        eprintln!("shardfs: {}: {e}", backing.display());
+        return ExitCode::from(2);
+    }
     let config = MountConfig {
-        backing: abs(&args.backing),
+        object_url: url,
+        backing: abs(&backing),
         mountpoint: abs(&args.mountpoint),
         threads: args.threads,
         allow_other: args.allow_other,
@@ -223,6 +248,21 @@ fn mount(args: MountArgs) -> ExitCode {
     // The daemon gets the same arguments, plus --foreground.
     let child_args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
     report_daemon(spawn_daemon(&config, &child_args, &log_file))
+}
+
+/// The cache of an object store mounted without --cache-dir: one directory per URL.
+fn default_cache_dir(url: &str) -> PathBuf {
+    let name: String = url
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    Path::new("/var/cache/shardfs").join(name)
 }
 
 /// Logs go to stderr (the log file, for a background daemon); SHARDFS_LOG sets the filter.

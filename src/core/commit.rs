@@ -52,8 +52,7 @@ impl ShardFs {
                         self.import_plain_chunks(dir, &sharded)?;
                         self.classifier.show_as_written(dir, false);
                         let doc_bytes = Node::Array(sharded).to_json_bytes();
-                        self.backing
-                            .write_atomic(&doc, &[Bytes::from(doc_bytes)], true)?;
+                        self.write_whole(&doc, &[Bytes::from(doc_bytes)], true)?;
                         self.inodes.bump_generation();
                         return Ok(());
                     }
@@ -92,8 +91,7 @@ impl ShardFs {
         };
         // Whatever this document is, the array is no longer shown as its writer wrote it.
         self.classifier.show_as_written(dir, false);
-        self.backing
-            .write_atomic(&doc, &[Bytes::from(stored)], true)?;
+        self.write_whole(&doc, &[Bytes::from(stored)], true)?;
         // Names below may now be chunk keys (or no longer): the kernel's inodes for them
         // are decided again.
         self.inodes.bump_generation();
@@ -258,8 +256,7 @@ impl ShardFs {
     fn commit_as_written(&self, dir: &Path, bytes: &[u8]) -> Result<(), FsError> {
         self.settle_layout(dir, None)?;
         let doc = dir.join(METADATA_FILE);
-        self.backing
-            .write_atomic(&doc, &[Bytes::copy_from_slice(bytes)], true)?;
+        self.write_whole(&doc, &[Bytes::copy_from_slice(bytes)], true)?;
         self.classifier.show_as_written(dir, true);
         info!(array = %self.backing.path(dir).display(),
             "sharded metadata written through the mount: stored and shown as written \

@@ -208,7 +208,7 @@ impl ShardFs {
             return Ok(());
         }
         let segments = file.snapshot().data.segments();
-        self.backing.write_atomic(rel, &segments, false)?;
+        self.write_whole(rel, &segments, false)?;
         self.drop_temp_if(rel, file);
         self.inodes.rekind_file(file, NodeKind::File);
         Stats::add(&self.shards.stats.temp_files_persisted, 1);

@@ -102,6 +102,10 @@ pub struct ShardFs {
     /// metadata are all moved into shards, none slips in between.
     pub(crate) plain_names: std::sync::RwLock<()>,
     pub(crate) gate: Gate,
+    /// For an object-store mount: the store where what the core writes to BACKING outside
+    /// the shards (metadata documents, files written out) is published, BACKING being a
+    /// local mirror of it (`store::mirror`).
+    pub(crate) published: Option<Arc<dyn crate::store::Store>>,
 }
 
 /// Orders the changes of pending chunks against the few operations during which none may
@@ -169,6 +173,55 @@ impl ShardFs {
             daemon,
             plain_names: std::sync::RwLock::new(()),
             gate: Gate::default(),
+            published: None,
+        }
+    }
+
+    /// Publishes what is written to BACKING outside the shards to `store` (BACKING is
+    /// then a mirror of it).
+    pub fn publishing_to(mut self, store: Arc<dyn crate::store::Store>) -> ShardFs {
+        self.published = Some(store);
+        self
+    }
+
+    /// Writes a whole file to BACKING (atomically; `durable` syncs it and its name), in
+    /// the store first when BACKING mirrors one: the store is the truth, and a failure
+    /// there fails the write.
+    pub(crate) fn write_whole(
+        &self,
+        rel: &std::path::Path,
+        parts: &[bytes::Bytes],
+        durable: bool,
+    ) -> Result<(), FsError> {
+        if let Some(store) = &self.published {
+            store
+                .put(rel, parts, crate::store::Precondition::None)
+                .map_err(std::io::Error::from)?;
+        }
+        self.backing.write_atomic(rel, parts, durable)?;
+        Ok(())
+    }
+
+    /// Removes a file from BACKING (and from the store it mirrors). Returns whether it
+    /// was there.
+    pub(crate) fn remove_whole(&self, rel: &std::path::Path) -> Result<bool, FsError> {
+        if let Some(store) = &self.published {
+            store
+                .delete(rel, crate::store::Precondition::None)
+                .map_err(std::io::Error::from)?;
+        }
+        Ok(self.backing.remove_file(rel)?)
+    }
+
+    /// Files other than Zarr's are passed through to BACKING by descriptor; a mirror of an
+    /// object store cannot publish those.
+    pub(crate) fn pass_through_allowed(&self) -> Result<(), FsError> {
+        match self.published {
+            Some(_) => Err(FsError::Unsupported(
+                "an object-store mount holds Zarr hierarchies (zarr.json documents and \
+                 chunks); other files are refused",
+            )),
+            None => Ok(()),
         }
     }
 

@@ -79,6 +79,9 @@ impl ShardFs {
         let rel = join_rel(&parent.rel, name);
         let (array, node) = match &parent.kind {
             NodeKind::Dir if name == METADATA_FILE => return Ok(Place::Meta(parent.rel.clone())),
+            // A mirror of an object store takes no file by descriptor: a new file is held in
+            // memory, and published when written out (or committed, renamed onto zarr.json).
+            NodeKind::Dir if self.published.is_some() => return Ok(Place::Temp(rel)),
             NodeKind::Dir => return Ok(Place::Plain(rel)),
             NodeKind::ArrayDir(a) => (a.clone(), KeyNode::Root),
             NodeKind::ChunkDir { array, node } => (array.clone(), node.clone()),
@@ -183,6 +186,7 @@ impl ShardFs {
         let mut backing_file = None;
         let kind = match place {
             Place::Plain(rel) | Place::Extra(rel) => {
+                self.pass_through_allowed()?;
                 backing_file = Some(self.backing.open_file(
                     &rel,
                     OpenMode {
@@ -331,8 +335,7 @@ impl ShardFs {
                 Ok(NodeKind::Temp(file))
             }
             Place::Plain(rel) | Place::Extra(rel) => {
-                self.backing
-                    .write_atomic(rel, &file.snapshot().data.segments(), false)?;
+                self.write_whole(rel, &file.snapshot().data.segments(), false)?;
                 Ok(NodeKind::File)
             }
             Place::Meta(dir) => {
@@ -363,7 +366,7 @@ impl ShardFs {
                 Ok(())
             }
             _ => {
-                self.backing.remove_file(rel)?;
+                self.remove_whole(rel)?;
                 Ok(())
             }
         }
@@ -405,7 +408,7 @@ impl ShardFs {
             NodeKind::ArrayMeta(array) => {
                 // The metadata goes last: everything pending is written while it is there.
                 self.flush_array_at(&array.rel)?;
-                self.backing.remove_file(&rel)?;
+                self.remove_whole(&rel)?;
                 self.shards.forget_array(&array.rel);
                 self.temps.forget_below(&array.rel);
                 self.inodes.bump_generation();
@@ -425,7 +428,7 @@ impl ShardFs {
             _ => {
                 // Detached first: an open file may need its content read before it goes.
                 self.detach_name(parent, name, &kind, &rel);
-                if !self.backing.remove_file(&rel)? {
+                if !self.remove_whole(&rel)? {
                     return Err(FsError::NotFound);
                 }
                 return Ok(());
@@ -665,6 +668,7 @@ impl ShardFs {
     }
 
     pub fn link(&self, ino: Ino, newparent: Ino, newname: &OsStr) -> Result<Attr, FsError> {
+        self.pass_through_allowed()?;
         let _gate = self.gate.for_request(newname == METADATA_FILE);
         let (dp, place, _shared) = self.place_held(newparent, newname)?;
         let src = self.node(ino)?;
@@ -708,6 +712,7 @@ impl ShardFs {
         target: &Path,
         caller: Caller,
     ) -> Result<Attr, FsError> {
+        self.pass_through_allowed()?;
         let (p, place, _shared) = self.place_held(parent, name)?;
         if self.exists(&p, name)? {
             return Err(FsError::Exists);
@@ -739,6 +744,7 @@ impl ShardFs {
             self.release(opened.fh)?;
             return Ok(attr);
         }
+        self.pass_through_allowed()?;
         let (p, place, _shared) = self.place_held(parent, name)?;
         if self.exists(&p, name)? {
             return Err(FsError::Exists);

@@ -7,6 +7,7 @@
 //! writes are `If-Match` / `If-None-Match`). Nothing above this module knows which one it
 //! talks to.
 
+pub mod mirror;
 pub mod object;
 pub mod posix;
 

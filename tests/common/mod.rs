@@ -120,3 +120,37 @@ impl Rng {
         (self.next() % n.max(1) as u64) as usize
     }
 }
+
+/// Starts `tests/py/shared.py` with `args` (its output captured).
+pub fn spawn_shared(args: &[&str]) -> std::process::Child {
+    Command::new(python())
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/shared.py"))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits for every writer (4 minutes at most in all); each must succeed.
+pub fn all_succeed(children: Vec<std::process::Child>) {
+    let start = std::time::Instant::now();
+    for mut c in children {
+        while c.try_wait().unwrap().is_none() {
+            if start.elapsed() > std::time::Duration::from_secs(240) {
+                let _ = c.kill();
+                panic!("a writer hung");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        assert_ok(&c.wait_with_output().unwrap(), "writer");
+    }
+}
+
+/// shared.py makes its array at `path` (through a mount).
+pub fn create_shared(path: &Path) {
+    let mut c = spawn_shared(&["create", path.to_str().unwrap()]);
+    let status = c.wait().unwrap();
+    let out = c.wait_with_output().unwrap();
+    assert_ok(&Output { status, ..out }, "shared.py create");
+}

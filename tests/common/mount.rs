@@ -101,6 +101,16 @@ impl Mounted {
     /// Mounts with `shardfs mount` (the daemon form); the watchdog tears the mount down
     /// after `limit` so that a hung test fails instead of hanging CI.
     pub fn new(backing: &Path, extra_args: &[&str], limit: Duration) -> Mounted {
+        Mounted::with_env(backing, extra_args, &[], limit)
+    }
+
+    /// As `new`, with `env` set for the daemon (an object store's address and keys).
+    pub fn with_env(
+        backing: &Path,
+        extra_args: &[&str],
+        env: &[(&str, String)],
+        limit: Duration,
+    ) -> Mounted {
         let dir = tempfile::tempdir().unwrap();
         let mountpoint = dir.path().join("mnt");
         std::fs::create_dir(&mountpoint).unwrap();
@@ -113,7 +123,12 @@ impl Mounted {
             log.to_str().unwrap(),
         ];
         args.extend_from_slice(extra_args);
-        let out = shardfs_timeout(&args, Duration::from_secs(30));
+        let out = run_timeout(
+            Command::new(env!("CARGO_BIN_EXE_shardfs"))
+                .args(&args)
+                .envs(env.iter().map(|(k, v)| (*k, v.as_str()))),
+            Duration::from_secs(30),
+        );
         assert!(
             out.status.success(),
             "mount failed: {}\n{}",

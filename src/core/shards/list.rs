@@ -64,7 +64,23 @@ impl ShardRegistry {
         f: &mut impl FnMut(Vec<u64>) -> ControlFlow<()>,
     ) -> Result<ControlFlow<()>, FsError> {
         let slot = self.slot(backing, array, shard)?;
-        let positions: BTreeSet<usize> = {
+        let visit = |positions: BTreeSet<usize>, f: &mut dyn FnMut(Vec<u64>) -> ControlFlow<()>| {
+            for pos in positions {
+                let coords = array.layout.chunk_coords(shard, pos);
+                if coords.starts_with(prefix) && array.chunk_inside(&coords) && f(coords).is_break()
+                {
+                    return ControlFlow::Break(());
+                }
+            }
+            ControlFlow::Continue(())
+        };
+        // Chunks in memory first: a question they answer needs no read of the store (which
+        // may be slow, or gone for a while).
+        let pending: BTreeSet<usize> = lock(&slot.state).pending.keys().copied().collect();
+        if visit(pending.clone(), f).is_break() {
+            return Ok(ControlFlow::Break(()));
+        }
+        let stored: BTreeSet<usize> = {
             let mut st = lock(&slot.state);
             let mut positions: BTreeSet<usize> =
                 match self.open_stored(backing, &slot, shard, &mut st)? {
@@ -74,17 +90,10 @@ impl ShardRegistry {
                         Err(_) => (0..grid::count(array.layout.chunks_per_shard())).collect(),
                     },
                 };
-            positions.retain(|p| !st.deleted.contains(p));
-            positions.extend(st.pending.keys().copied());
+            positions.retain(|p| !st.deleted.contains(p) && !pending.contains(p));
             positions
         };
-        for pos in positions {
-            let coords = array.layout.chunk_coords(shard, pos);
-            if coords.starts_with(prefix) && array.chunk_inside(&coords) && f(coords).is_break() {
-                return Ok(ControlFlow::Break(()));
-            }
-        }
-        Ok(ControlFlow::Continue(()))
+        Ok(visit(stored, f))
     }
 
     pub fn has_chunks_below(

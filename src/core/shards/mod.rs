@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
 
 use bytes::Bytes;
+use tracing::warn;
 
 use super::array::{ArrayState, lock};
 use super::error::FsError;
@@ -33,6 +34,9 @@ use stored::{OpenShard, StoredIndex, open_shard};
 pub use write::{WriteMode, panic_text};
 
 type SlotKey = (PathBuf, Vec<u64>);
+
+/// How long a version of a shard in an object store, once seen, is trusted without a look.
+const SEEN_FOR: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The default budget of the index cache, in bytes (`--index-cache-bytes`).
 pub const DEFAULT_INDEX_CACHE: u64 = 256 << 20;
@@ -101,6 +105,8 @@ pub(crate) struct ShardState {
     /// of which chunks it holds (`body.rs`).
     body: Option<Arc<crate::journal::body::Body>>,
     in_body: BTreeMap<usize, body::InBody>,
+    /// In an object store: the version last seen (none: no shard) and when (`open_stored`).
+    seen: Option<(Option<Arc<dyn crate::store::Blob>>, Instant)>,
 }
 
 impl ShardState {
@@ -340,6 +346,8 @@ impl ShardRegistry {
 
     /// Replaces the cached index of a slot, keeping the cache's account.
     fn set_stored(&self, st: &mut ShardState, new: Option<StoredIndex>) {
+        // A version this mount wrote (or found) is looked at again before it is trusted.
+        st.seen = None;
         self.uncache_index(st);
         if let Some(s) = &new {
             self.cache_bytes.fetch_add(s.cost(), Ordering::Relaxed);
@@ -348,6 +356,7 @@ impl ShardRegistry {
     }
 
     fn uncache_index(&self, st: &mut ShardState) {
+        st.seen = None;
         if let Some(old) = st.stored.take() {
             self.uncount(old.cost());
         }
@@ -408,8 +417,14 @@ impl ShardRegistry {
         )
     }
 
-    /// The shard file as it is now, open, with its index (cached when unchanged).
-    /// `Ok(None)`: no shard file.
+    /// The shard as it is now, pinned, with its index (cached when unchanged).
+    /// `Ok(None)`: no shard.
+    ///
+    /// In an object store, where every look is a request, the version seen is trusted for
+    /// `SEEN_FOR` (the staleness the attribute TTL already allows for changes made outside
+    /// the mount), and when the store cannot be reached the version last seen answers,
+    /// so that writes into memory go on while it is away (reading a chunk's bytes still
+    /// needs the store, and fails with EIO).
     fn open_stored(
         &self,
         backing: &Backing,
@@ -417,10 +432,22 @@ impl ShardRegistry {
         shard: &[u64],
         st: &mut ShardState,
     ) -> Result<Option<OpenShard>, FsError> {
+        let _ = backing;
         let array = &slot.array;
         let rel = array.shard_rel(shard);
-        let _ = backing;
-        let opened = open_shard(&*self.store, &rel, &array.layout.index, st.stored.as_ref())?;
+        if let Some((seen, at)) = &st.seen
+            && at.elapsed() < SEEN_FOR
+        {
+            return Ok(self.as_seen(seen, st));
+        }
+        let opened = match open_shard(&*self.store, &rel, &array.layout.index, st.stored.as_ref()) {
+            Err(FsError::Io(e)) if st.seen.is_some() => {
+                warn!(shard = %rel.display(), "the store cannot be reached, the shard as last seen answers: {e}");
+                let seen = st.seen.as_ref().map(|(s, _)| s.clone()).unwrap_or_default();
+                return Ok(self.as_seen(&seen, st));
+            }
+            other => other?,
+        };
         let current = opened.as_ref().map(|o| o.stored.clone());
         let same = match (&current, &st.stored) {
             (Some(a), Some(b)) => a.version == b.version,
@@ -430,7 +457,24 @@ impl ShardRegistry {
         if !same {
             self.set_stored(st, current);
         }
+        if !self.store_is_backing {
+            st.seen = Some((opened.as_ref().map(|o| o.file.clone()), Instant::now()));
+        }
         Ok(opened)
+    }
+
+    fn as_seen(
+        &self,
+        seen: &Option<Arc<dyn crate::store::Blob>>,
+        st: &ShardState,
+    ) -> Option<OpenShard> {
+        match (seen, &st.stored) {
+            (Some(file), Some(stored)) => Some(OpenShard {
+                file: file.clone(),
+                stored: stored.clone(),
+            }),
+            _ => None,
+        }
     }
 
     /// Where the chunk at grid coordinates `coords` is.

@@ -1,0 +1,151 @@
+//! The tree of an object-store mount outside its shards: directories, `zarr.json` documents
+//! and other small objects, mirrored into a local directory (the mount's cache) when the
+//! mount starts. The core then works on that directory as on any BACKING, with its shards
+//! read and written in the store; what the core changes there (a metadata document, a file
+//! it holds in memory and writes out) is published to the store as it happens.
+//!
+//! The cache is the store's: it is emptied and filled again at every mount (the store is
+//! the truth, other mounts may have changed it), except for `.shardfs`, where the fsync
+//! journal of this node lives. A directory is only ever emptied when it is empty or bears
+//! the mark of a cache of the very same store.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use tracing::{info, warn};
+
+use super::{Store, StoreError};
+use crate::backing::{Backing, join_rel};
+
+/// Where the cache marks whose it is.
+const MARK: &str = ".shardfs/cache-of";
+
+/// The largest object mirrored (a metadata document, a small file beside the arrays);
+/// anything larger stays in the store only.
+const MAX_MIRRORED: u64 = 64 << 20;
+
+/// What a mirroring found.
+#[derive(Debug, Default)]
+pub struct Mirrored {
+    pub dirs: u64,
+    pub documents: u64,
+    pub arrays: u64,
+    pub skipped: Vec<String>,
+}
+
+/// Makes `cache` (made if missing) the local tree of the store at `url`: emptied (but for
+/// the journal) and filled from the store.
+pub fn prepare(store: &dyn Store, url: &str, cache: &Path) -> io::Result<Mirrored> {
+    std::fs::create_dir_all(cache)?;
+    claim(url, cache)?;
+    empty_but_journal(cache)?;
+    let local = Backing::new(cache.to_path_buf())?;
+    let mut found = Mirrored::default();
+    pull_dir(store, &local, Path::new(""), &mut found).map_err(io::Error::from)?;
+    info!(url, cache = %cache.display(), dirs = found.dirs, documents = found.documents,
+        arrays = found.arrays, "object store mirrored");
+    Ok(found)
+}
+
+/// Refuses a directory that holds something other than a cache of `url`; marks it.
+fn claim(url: &str, cache: &Path) -> io::Result<()> {
+    let mark = cache.join(MARK);
+    match std::fs::read_to_string(&mark) {
+        Ok(owner) if owner.trim() == url => return Ok(()),
+        Ok(owner) => {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!(
+                    "{} is the cache of {}, not of {url}: give another --cache-dir",
+                    cache.display(),
+                    owner.trim()
+                ),
+            ));
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    if std::fs::read_dir(cache)?.next().is_some() {
+        return Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            format!(
+                "{} is not empty and not a shardfs cache: give an empty or new --cache-dir",
+                cache.display()
+            ),
+        ));
+    }
+    std::fs::create_dir_all(mark.parent().unwrap_or(cache))?;
+    std::fs::write(&mark, format!("{url}\n"))
+}
+
+fn empty_but_journal(cache: &Path) -> io::Result<()> {
+    for entry in std::fs::read_dir(cache)? {
+        let entry = entry?;
+        if entry.file_name() == ".shardfs" {
+            continue;
+        }
+        let path: PathBuf = entry.path();
+        if entry.file_type()?.is_dir() {
+            std::fs::remove_dir_all(&path)?;
+        } else {
+            std::fs::remove_file(&path)?;
+        }
+    }
+    Ok(())
+}
+
+fn pull_dir(
+    store: &dyn Store,
+    local: &Backing,
+    dir: &Path,
+    found: &mut Mirrored,
+) -> Result<(), StoreError> {
+    let listing = store.list(dir)?;
+    local.create_dir_all(dir)?;
+    found.dirs += 1;
+    let mut is_array = false;
+    for name in &listing.objects {
+        let key = join_rel(dir, name.as_ref());
+        if dir.as_os_str().is_empty() && name.starts_with(".shardfs") {
+            continue;
+        }
+        let Some((bytes, _)) = store.get(&key, MAX_MIRRORED).or_else(|e| match e {
+            StoreError::Io(e) if e.raw_os_error() == Some(libc::EFBIG) => Ok(None),
+            e => Err(e),
+        })?
+        else {
+            found.skipped.push(key.display().to_string());
+            warn!(key = %key.display(), "larger than {MAX_MIRRORED} bytes: not shown");
+            continue;
+        };
+        if name == "zarr.json" {
+            found.documents += 1;
+            is_array = is_array_document(&bytes);
+        }
+        local.write_atomic(&key, &[bytes], false)?;
+    }
+    if is_array {
+        // Below an array is its key tree: shards, read from the store as they are needed.
+        found.arrays += 1;
+        return Ok(());
+    }
+    for name in &listing.dirs {
+        if dir.as_os_str().is_empty() && name == ".shardfs" {
+            continue;
+        }
+        pull_dir(store, local, &join_rel(dir, name.as_ref()), found)?;
+    }
+    Ok(())
+}
+
+fn is_array_document(bytes: &Bytes) -> bool {
+    serde_json::from_slice::<serde_json::Value>(bytes)
+        .ok()
+        .and_then(|v| {
+            v.get("node_type")
+                .and_then(|t| t.as_str())
+                .map(str::to_string)
+        })
+        .is_some_and(|t| t == "array")
+}

@@ -1,0 +1,270 @@
+//! Mounts over an object store: moto's S3 server, started by each test on 127.0.0.1 and
+//! stopped with it. The real clients write through the mount; the bucket is then read
+//! natively, as the sharded arrays it must hold.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use common::mount::{Mounted, run_timeout, stats};
+use common::s3::{Proxy, S3Server};
+use common::{all_succeed, assert_ok, create_shared, spawn_shared, stderr};
+
+const BUCKET: &str = "shardfs-test";
+const LIMIT: Duration = Duration::from_secs(400);
+
+fn script(name: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/py")
+        .join(name)
+}
+
+fn clients(args: &[&str]) -> Output {
+    run_timeout(
+        Command::new(common::python())
+            .arg(script("s3_clients.py"))
+            .args(args),
+        Duration::from_secs(300),
+    )
+}
+
+/// A mount of `s3://BUCKET/prefix` through `endpoint`, with its own cache directory.
+fn mount(endpoint: &str, prefix: &str, extra: &[&str]) -> (Mounted, tempfile::TempDir) {
+    let cache = tempfile::tempdir().unwrap();
+    let mut args = vec!["--cache-dir", cache.path().to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let env = [
+        ("AWS_ENDPOINT_URL", endpoint.to_string()),
+        ("AWS_ACCESS_KEY_ID", "testing".to_string()),
+        ("AWS_SECRET_ACCESS_KEY", "testing".to_string()),
+        ("AWS_REGION", "us-east-1".to_string()),
+        ("AWS_ALLOW_HTTP", "true".to_string()),
+    ];
+    let url = format!("s3://{BUCKET}/{prefix}");
+    (
+        Mounted::with_env(Path::new(&url), &args, &env, LIMIT),
+        cache,
+    )
+}
+
+/// The keys below `prefix` and how many versions (PUTs that landed) each has.
+fn versions(server: &S3Server, prefix: &str) -> Vec<(String, usize)> {
+    let out = server.python(&format!(
+        "import collections\n\
+         c = collections.Counter(v['Key'] for v in s3.list_object_versions(Bucket={BUCKET:?}, \
+         Prefix={prefix:?}).get('Versions', []))\n\
+         print('\\n'.join(f'{{k}} {{n}}' for k, n in sorted(c.items())))"
+    ));
+    out.lines()
+        .filter_map(|l| l.rsplit_once(' '))
+        .map(|(k, n)| (k.to_string(), n.parse().unwrap()))
+        .collect()
+}
+
+#[test]
+fn both_clients_write_through_an_s3_mount_one_put_per_shard() {
+    let server = S3Server::start(BUCKET);
+    let (m, _cache) = mount(&server.endpoint(), "data", &["--chunks-per-shard", "2"]);
+    assert_ok(
+        &clients(&["write-zarr", m.path("z").to_str().unwrap()]),
+        "zarr-python writes",
+    );
+    assert_ok(
+        &clients(&["write-ts", m.path("t").to_str().unwrap()]),
+        "tensorstore writes",
+    );
+    assert_ok(&m.unmount(&[]), "unmount");
+    drop(m);
+    for array in ["z", "t"] {
+        let shards = versions(&server, &format!("data/{array}/c/"));
+        // 128^3 in 32^3 chunks, 2x2x2 chunks per shard: 8 shards, each PUT once.
+        assert_eq!(shards.len(), 8, "{array}: {shards:?}");
+        assert!(shards.iter().all(|(_, n)| *n == 1), "{array}: {shards:?}");
+        let key = format!("data/{array}");
+        let url = server.endpoint();
+        assert_ok(
+            &clients(&["check-zarr", &url, &key]),
+            "zarr-python reads natively",
+        );
+        assert_ok(
+            &clients(&["check-ts", &url, &key]),
+            "tensorstore reads natively",
+        );
+    }
+    // A new mount (a new cache) shows what the bucket holds.
+    let (m, _cache) = mount(&server.endpoint(), "data", &[]);
+    for array in ["z", "t"] {
+        let path = m.path(array);
+        assert_ok(
+            &clients(&["check-local", path.to_str().unwrap()]),
+            "read through a mount",
+        );
+    }
+}
+
+#[test]
+fn two_s3_mounts_write_interleaved_chunks_of_the_same_shards() {
+    let server = S3Server::start(BUCKET);
+    let args = ["--chunks-per-shard", "4", "--idle-flush", "0.2"];
+    let (a, _ca) = mount(&server.endpoint(), "shared", &args);
+    create_shared(&a.path("a"));
+    // The second mount finds the array in the bucket.
+    let (b, _cb) = mount(&server.endpoint(), "shared", &args);
+    // tensorstore fsyncs every chunk; each mount writes its shards as they idle, over the
+    // other mount's versions.
+    all_succeed(vec![
+        spawn_shared(&["write", a.path("a").to_str().unwrap(), "0", "2"]),
+        spawn_shared(&["write", b.path("a").to_str().unwrap(), "1", "2"]),
+    ]);
+    let conflicts: u64 = [&a, &b]
+        .iter()
+        .map(|m| stats(m)["write_conflicts"].as_u64().unwrap())
+        .sum();
+    eprintln!("conflicts met and merged again: {conflicts}");
+    assert_ok(&a.unmount(&[]), "unmount a");
+    assert_ok(&b.unmount(&[]), "unmount b");
+    let url = server.endpoint();
+    assert_ok(
+        &clients(&["check-shared", &url, "shared/a"]),
+        "every chunk landed",
+    );
+}
+
+#[test]
+fn a_store_that_goes_away_loses_nothing() {
+    let server = S3Server::start(BUCKET);
+    let proxy = Proxy::start(server.port);
+    let (m, _cache) = mount(
+        &proxy.endpoint(),
+        "gone",
+        &["--chunks-per-shard", "2", "--idle-flush", "600"],
+    );
+    let path = m.path("z");
+    let path = path.to_str().unwrap();
+    assert_ok(&clients(&["create-zarr", path]), "the array made");
+    // Half of every shard while the store is there: the shards wait for the rest.
+    assert_ok(&clients(&["fill-zarr", path, "even"]), "half written");
+    proxy.set_down(true);
+    // zarr.json cannot be published: the writer gets EIO, and nothing is half made.
+    let refused = clients(&["create-zarr", m.path("y").to_str().unwrap()]);
+    assert!(
+        !refused.status.success(),
+        "a document written to a store that is gone"
+    );
+    assert!(
+        stderr(&refused).contains("Input/output error"),
+        "{}",
+        stderr(&refused)
+    );
+    // The other half: the first shard complete at a close is written, which fails; that
+    // close, and every later one into a shard that failed, reports EIO to the writer.
+    let failed = clients(&["fill-zarr", path, "odd"]);
+    assert!(
+        !failed.status.success(),
+        "a shard written to a store that is gone"
+    );
+    assert!(
+        stderr(&failed).contains("Input/output error"),
+        "{}",
+        stderr(&failed)
+    );
+    let held = stats(&m);
+    assert!(held["pending_chunks"].as_u64().unwrap() > 32, "{held}");
+    assert!(held["write_errors"].as_u64().unwrap() > 0, "{held}");
+    // What was written stays, in memory, and unmounting refuses to drop it.
+    let refused = m.unmount(&[]);
+    assert!(
+        !refused.status.success(),
+        "unmount wrote to a store that is gone"
+    );
+    proxy.set_down(false);
+    // Back: the writer does again what failed, and everything lands.
+    assert_ok(&clients(&["fill-zarr", path, "odd"]), "written again");
+    assert_ok(
+        &clients(&["check-local", path]),
+        "read once the store is back",
+    );
+    assert_ok(&m.unmount(&[]), "unmount once the store is back");
+    drop(m);
+    // Nothing reached the store while it was gone; a shard whose chunks the writer wrote
+    // again after it was complete is written again.
+    let shards = versions(&server, "gone/z/c/");
+    assert_eq!(shards.len(), 8, "{shards:?}");
+    assert!(
+        shards.iter().all(|(_, n)| (1..=2).contains(n)),
+        "{shards:?}"
+    );
+    let url = server.endpoint();
+    assert_ok(
+        &clients(&["check-zarr", &url, "gone/z"]),
+        "everything landed",
+    );
+}
+
+#[test]
+fn a_shard_changed_between_read_and_write_is_merged_again() {
+    let server = S3Server::start(BUCKET);
+    let proxy = Proxy::start(server.port);
+    let args = ["--chunks-per-shard", "4", "--idle-flush", "600"];
+    let (m, _cache) = mount(&proxy.endpoint(), "conf", &args);
+    create_shared(&m.path("a"));
+    // Chunk 0 through the mount: its shard (the 4x4 chunks at the top left) waits,
+    // incomplete.
+    python_chunk(&m.path("a"), 0);
+    // The mount's PUT of that shard is held back; meanwhile a native writer puts chunk 1
+    // into the same shard, so the version the mount read is no longer the one there.
+    let (seen, release) = proxy.hold_once("PUT /shardfs-test/conf/a/c/0/0 ");
+    let unmount = {
+        let mountpoint = m.mountpoint.clone();
+        std::thread::spawn(move || {
+            common::mount::shardfs_timeout(
+                &["unmount", mountpoint.to_str().unwrap()],
+                Duration::from_secs(120),
+            )
+        })
+    };
+    seen.recv_timeout(Duration::from_secs(60))
+        .expect("the mount writes the shard at unmount");
+    let url = server.endpoint();
+    assert_ok(
+        &clients(&["native-chunk", &url, "conf/a", "1"]),
+        "native write",
+    );
+    release.send(()).unwrap();
+    assert_ok(&unmount.join().unwrap(), "unmount");
+    drop(m);
+    // Without its precondition the mount's PUT would have dropped chunk 1.
+    let check = format!(
+        "import sys; sys.path.insert(0, {:?}); import s3_clients, shared, zarr\n\
+         a = zarr.open_array(s3_clients.native_store({url:?}), path='conf/a', mode='r')[...]\n\
+         assert (a[shared.region(0)] == 1).all(), 'chunk 0 (the mount) lost'\n\
+         assert (a[shared.region(1)] == 2).all(), 'chunk 1 (native) lost'",
+        script("")
+    );
+    common::mount::python_ok("both chunks in the shard", &check, &[]);
+    let shard = versions(&server, "conf/a/c/0/0");
+    assert_eq!(
+        shard,
+        vec![("conf/a/c/0/0".to_string(), 2)],
+        "native's, then the merge"
+    );
+}
+
+/// Writes chunk `k` of shared.py's array at `path` (value k + 1) with plain file I/O.
+fn python_chunk(path: &Path, k: u64) {
+    let code = "import sys, zarr, numpy as np\n\
+                sys.path.insert(0, sys.argv[2]); import shared\n\
+                a = zarr.open_array(sys.argv[1], mode='r+')\n\
+                k = int(sys.argv[3]); a[shared.region(k)] = k + 1";
+    let out = run_timeout(
+        Command::new(common::python())
+            .args(["-c", code])
+            .arg(path)
+            .arg(script(""))
+            .arg(k.to_string()),
+        Duration::from_secs(120),
+    );
+    assert_ok(&out, "chunk through the mount");
+}
