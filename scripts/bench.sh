@@ -5,6 +5,8 @@
 #   scripts/bench.sh read  [--runs N]    reading a 512^3 array through the mount vs natively
 #   scripts/bench.sh write [--runs N]    scenario S3 (chunk-by-chunk writes) through the mount
 #   scripts/bench.sh fsync [--runs N]    tensorstore with its fsyncs, S1-S3 (the journal)
+#   scripts/bench.sh s3 [--runs N]       object store: S2, S3 through a mount of a local S3
+#                                        server against zarr-python straight to it
 # Prints JSON with medians and ratios. Uses the venv of scripts/test.sh (created if needed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,4 +17,8 @@ if ! cmp -s scripts/requirements.txt "$venv/.shardfs-requirements" 2>/dev/null; 
     cp scripts/requirements.txt "$venv/.shardfs-requirements"
 fi
 cargo build --release --quiet
+if [ "${1:-}" = s3 ]; then
+    shift
+    exec "$venv/bin/python" scripts/bench_s3.py "$@" --shardfs "$PWD/target/release/shardfs"
+fi
 exec "$venv/bin/python" scripts/bench.py "$@" --shardfs "$PWD/target/release/shardfs"

@@ -274,8 +274,8 @@ impl ShardFs {
             .iter()
             .filter_map(|p| {
                 let f = p.failure.as_ref()?;
-                let shard = self.backing.path(&p.array.shard_rel(&p.shard));
-                Some(format!("{}: {}", shard.display(), f.message))
+                let shard = self.shards.describe(&p.array.shard_rel(&p.shard));
+                Some(format!("{shard}: {}", f.message))
             })
             .collect();
         for f in super::array::lock(&self.shards.stats.not_written).iter() {
@@ -284,6 +284,7 @@ impl ShardFs {
             }
         }
         report.failed.truncate(100);
+        report.store_requests = self.shards.store_requests();
         report
     }
 }

@@ -61,6 +61,9 @@ pub struct StatsReport {
     /// Shards whose last write failed, and whatever else the last flush could not write,
     /// each with its error.
     pub failed: Vec<String>,
+    /// An object store's requests so far, by kind (get, head, put, delete, list).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_requests: Option<std::collections::BTreeMap<String, u64>>,
 }
 
 impl Stats {

@@ -101,6 +101,10 @@ pub trait Store: Send + Sync + Debug {
     fn list(&self, dir: &Path) -> Result<Listing, StoreError>;
     /// `key` as a user would name it, for messages.
     fn describe(&self, key: &Path) -> String;
+    /// The requests made so far, by kind, where each costs a round trip.
+    fn requests(&self) -> Option<std::collections::BTreeMap<String, u64>> {
+        None
+    }
 }
 
 /// Requests made to a store, by kind: what a benchmark reports and a test counts.

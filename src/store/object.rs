@@ -433,6 +433,16 @@ impl Store for ObjectBacked {
         Ok(listing)
     }
 
+    fn requests(&self) -> Option<std::collections::BTreeMap<String, u64>> {
+        Some(
+            self.requests
+                .snapshot()
+                .into_iter()
+                .map(|(k, n)| (k.to_string(), n))
+                .collect(),
+        )
+    }
+
     fn describe(&self, key: &Path) -> String {
         format!("{}/{}", self.url.trim_end_matches('/'), key.display())
     }

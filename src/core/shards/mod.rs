@@ -410,6 +410,16 @@ impl ShardRegistry {
     }
 
     /// The cache's size now: slots and the bytes they cost.
+    /// A shard as a user would name it: its path, or its object store URL.
+    pub fn describe(&self, rel: &Path) -> String {
+        self.store.describe(rel)
+    }
+
+    /// The store's requests so far, when it counts them (an object store).
+    pub fn store_requests(&self) -> Option<BTreeMap<String, u64>> {
+        self.store.requests()
+    }
+
     pub fn cache_usage(&self) -> (u64, u64) {
         (
             lock(&self.slots).len() as u64,
