@@ -32,6 +32,8 @@ pub struct MountConfig {
     pub backing: PathBuf,
     /// The object store mounted (`s3://…`), when BACKING is its cache.
     pub object_url: Option<String>,
+    /// Objects larger than this go to the object store in parts.
+    pub multipart_above: u64,
     pub mountpoint: PathBuf,
     pub threads: usize,
     pub allow_other: bool,
@@ -262,10 +264,14 @@ fn object_core(
     daemon: DaemonInfo,
     config: &MountConfig,
 ) -> Result<ShardFs, DaemonError> {
-    let store = Arc::new(ObjectBacked::open(url).map_err(|e| DaemonError::Store {
-        url: url.to_string(),
-        message: e.to_string(),
-    })?);
+    let store = Arc::new(
+        ObjectBacked::open(url)
+            .map_err(|e| DaemonError::Store {
+                url: url.to_string(),
+                message: e.to_string(),
+            })?
+            .with_multipart_above(config.multipart_above),
+    );
     crate::store::mirror::prepare(&*store, url, backing).map_err(|e| DaemonError::Store {
         url: url.to_string(),
         message: e.to_string(),

@@ -284,3 +284,26 @@ fn a_server_that_never_answers_fails_in_bounded_time() {
         start.elapsed()
     );
 }
+
+#[test]
+fn a_large_object_goes_up_in_parts_taken_from_its_segments() {
+    let server = S3Server::start(BUCKET);
+    let store = open(&server, &format!("s3://{BUCKET}/big")).with_multipart_above(16 << 20);
+    // 40 MiB in 1 MiB segments, each distinct: three parts of at least 16 MiB.
+    let parts: Vec<Bytes> = (0..40u8).map(|i| Bytes::from(vec![i; 1 << 20])).collect();
+    let key = Path::new("arr/c/0/0");
+    let info = store.put(key, &parts, Precondition::Absent).unwrap();
+    // A multipart upload's ETag says how many parts it had.
+    assert!(info.tag.ends_with("-3\""), "{}", info.tag);
+    let (bytes, got) = store.get(key, 64 << 20).unwrap().unwrap();
+    assert_eq!(bytes, Bytes::from(parts.concat()));
+    assert_eq!(got.tag, info.tag);
+    // Its precondition is still checked (before the upload starts).
+    assert!(is_conflict(store.put(key, &parts, Precondition::Absent)));
+    let stale = Precondition::Matches("\"not-it\"".into());
+    assert!(is_conflict(store.put(key, &parts, stale)));
+    store
+        .put(key, &parts[..20], Precondition::Matches(info.tag))
+        .unwrap();
+    assert_eq!(store.get(key, 64 << 20).unwrap().unwrap().0.len(), 20 << 20);
+}

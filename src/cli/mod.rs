@@ -72,6 +72,10 @@ struct MountArgs {
     /// next mount on this node [default: /var/cache/shardfs/<the URL, made a name>].
     #[arg(long)]
     cache_dir: Option<PathBuf>,
+    /// For an object store: shards larger than this are written as multipart uploads
+    /// (which, unlike a single PUT, cannot be made conditional; suffixes K, M, G).
+    #[arg(long, default_value = "4G", value_parser = parse_size)]
+    multipart_above: u64,
     /// Where to show it.
     mountpoint: PathBuf,
     /// Stay attached and log to stderr.
@@ -211,6 +215,7 @@ fn mount(args: MountArgs) -> ExitCode {
     }
     let config = MountConfig {
         object_url: url,
+        multipart_above: args.multipart_above,
         backing: abs(&backing),
         mountpoint: abs(&args.mountpoint),
         threads: args.threads,
