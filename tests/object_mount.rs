@@ -33,7 +33,14 @@ fn clients(args: &[&str]) -> Output {
 /// A mount of `s3://BUCKET/prefix` through `endpoint`, with its own cache directory.
 fn mount(endpoint: &str, prefix: &str, extra: &[&str]) -> (Mounted, tempfile::TempDir) {
     let cache = tempfile::tempdir().unwrap();
-    let mut args = vec!["--cache-dir", cache.path().to_str().unwrap()];
+    (
+        mount_with_cache(endpoint, prefix, cache.path(), extra),
+        cache,
+    )
+}
+
+fn mount_with_cache(endpoint: &str, prefix: &str, cache: &Path, extra: &[&str]) -> Mounted {
+    let mut args = vec!["--cache-dir", cache.to_str().unwrap()];
     args.extend_from_slice(extra);
     let env = [
         ("AWS_ENDPOINT_URL", endpoint.to_string()),
@@ -43,10 +50,7 @@ fn mount(endpoint: &str, prefix: &str, extra: &[&str]) -> (Mounted, tempfile::Te
         ("AWS_ALLOW_HTTP", "true".to_string()),
     ];
     let url = format!("s3://{BUCKET}/{prefix}");
-    (
-        Mounted::with_env(Path::new(&url), &args, &env, LIMIT),
-        cache,
-    )
+    Mounted::with_env(Path::new(&url), &args, &env, LIMIT)
 }
 
 /// The keys below `prefix` and how many versions (PUTs that landed) each has.
@@ -267,4 +271,45 @@ fn python_chunk(path: &Path, k: u64) {
         Duration::from_secs(120),
     );
     assert_ok(&out, "chunk through the mount");
+}
+
+#[test]
+fn fsynced_chunks_of_a_killed_s3_mount_land_from_its_local_journal() {
+    let server = S3Server::start(BUCKET);
+    let cache = tempfile::tempdir().unwrap();
+    let args = ["--chunks-per-shard", "8", "--idle-flush", "600"];
+    let m = mount_with_cache(&server.endpoint(), "crash", cache.path(), &args);
+    create_shared(&m.path("a"));
+    // 63 of the 64 chunks of the array's one shard, each fsynced: the shard waits for the
+    // last one, its chunks only in memory and in the journal on this node's disk.
+    let code = "import os, sys\n\
+                for k in range(63):\n\
+                \x20   i, j = divmod(k, 8)\n\
+                \x20   d = os.path.join(sys.argv[1], 'c', str(i))\n\
+                \x20   os.makedirs(d, exist_ok=True)\n\
+                \x20   fd = os.open(os.path.join(d, str(j)), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)\n\
+                \x20   os.write(fd, bytes([k + 1]) * 64)\n\
+                \x20   os.fsync(fd)\n\
+                \x20   os.close(fd)";
+    common::mount::python_ok("fsynced chunks", code, &[&m.path("a")]);
+    assert!(
+        versions(&server, "crash/a/c/").is_empty(),
+        "nothing in the store yet"
+    );
+    m.kill_daemon();
+    drop(m);
+    // The next mount on this node (same cache) replays the journal into the store.
+    let again = mount_with_cache(&server.endpoint(), "crash", cache.path(), &args);
+    assert_ok(&again.unmount(&[]), "unmount");
+    drop(again);
+    let url = server.endpoint();
+    let check = format!(
+        "import sys; sys.path.insert(0, {:?}); import s3_clients, shared, zarr\n\
+         a = zarr.open_array(s3_clients.native_store({url:?}), path='crash/a', mode='r')[...]\n\
+         lost = [k for k in range(63) if not (a[shared.region(k)] == k + 1).all()]\n\
+         assert not lost, lost\n\
+         assert (a[shared.region(63)] == 0).all()",
+        script("")
+    );
+    common::mount::python_ok("every fsynced chunk landed", &check, &[]);
 }

@@ -168,6 +168,10 @@ impl ShardRegistry {
         journal: &Journal,
         slot: &ShardSlot,
     ) -> Result<Option<Arc<Body>>, FsError> {
+        // A body becomes its shard by a rename beside it: not when shards live elsewhere.
+        if !self.store_is_backing {
+            return Ok(None);
+        }
         let _init = lock(&slot.body_init);
         {
             let mut st = lock(&slot.state);

@@ -201,7 +201,8 @@ impl ShardRegistry {
             Err(e) => {
                 Stats::add(&self.stats.write_errors, 1);
                 let rel = slot.array.shard_rel(&slot.shard);
-                warn!(shard = %backing.path(&rel).display(), "shard write failed, data kept in memory: {e}");
+                let _ = backing;
+                warn!(shard = %self.describe(&rel), "shard write failed, data kept in memory: {e}");
                 lock(&slot.state).failure = Some(Failure {
                     errno: e.to_errno(),
                     message: e.to_string(),
@@ -313,7 +314,8 @@ impl ShardJob<'_> {
             return Ok(Written {
                 stored: None,
                 from_body: false,
-                durable: false,
+                // An object store's answer is durable; a directory wants a sync.
+                durable: !reg.store_is_backing,
             });
         };
         // A sync costs only what was asked for: in a directory, a shard that replaces one
@@ -348,7 +350,8 @@ impl ShardJob<'_> {
                 index: Ok(Arc::new(index)),
             }),
             from_body: false,
-            durable: false,
+            // A PUT is durable once answered; a file wants a sync (`make_durable`).
+            durable: !reg.store_is_backing,
         }
     }
 
