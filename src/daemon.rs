@@ -272,10 +272,13 @@ fn object_core(
             })?
             .with_multipart_above(config.multipart_above),
     );
-    crate::store::mirror::prepare(&*store, url, backing).map_err(|e| DaemonError::Store {
-        url: url.to_string(),
-        message: e.to_string(),
-    })?;
+    let (_, held) =
+        crate::store::mirror::prepare(&*store, url, backing).map_err(|e| DaemonError::Store {
+            url: url.to_string(),
+            message: e.to_string(),
+        })?;
+    // Held as long as the process lives: the cache is this mount's.
+    std::mem::forget(held);
     Ok(
         ShardFs::with_store(local, store.clone(), false, daemon, config.write.clone())
             .publishing_to(store),

@@ -42,15 +42,19 @@ fn mount(endpoint: &str, prefix: &str, extra: &[&str]) -> (Mounted, tempfile::Te
 fn mount_with_cache(endpoint: &str, prefix: &str, cache: &Path, extra: &[&str]) -> Mounted {
     let mut args = vec!["--cache-dir", cache.to_str().unwrap()];
     args.extend_from_slice(extra);
-    let env = [
+    let url = format!("s3://{BUCKET}/{prefix}");
+    Mounted::with_env(Path::new(&url), &args, &s3_env(endpoint), LIMIT)
+}
+
+/// What a client of the S3 server at `endpoint` needs in its environment.
+fn s3_env(endpoint: &str) -> [(&'static str, String); 5] {
+    [
         ("AWS_ENDPOINT_URL", endpoint.to_string()),
         ("AWS_ACCESS_KEY_ID", "testing".to_string()),
         ("AWS_SECRET_ACCESS_KEY", "testing".to_string()),
         ("AWS_REGION", "us-east-1".to_string()),
         ("AWS_ALLOW_HTTP", "true".to_string()),
-    ];
-    let url = format!("s3://{BUCKET}/{prefix}");
-    Mounted::with_env(Path::new(&url), &args, &env, LIMIT)
+    ]
 }
 
 /// The keys below `prefix` and how many versions (PUTs that landed) each has.
@@ -312,4 +316,64 @@ fn fsynced_chunks_of_a_killed_s3_mount_land_from_its_local_journal() {
         script("")
     );
     common::mount::python_ok("every fsynced chunk landed", &check, &[]);
+}
+
+/// The keys the bucket holds now below `prefix`.
+fn keys(server: &S3Server, prefix: &str) -> Vec<String> {
+    server
+        .python(&format!(
+            "r = s3.list_objects_v2(Bucket={BUCKET:?}, Prefix={prefix:?})\n\
+             print('\\n'.join(o['Key'] for o in r.get('Contents', [])))"
+        ))
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn an_object_mount_publishes_new_files_and_refuses_what_it_cannot() {
+    let server = S3Server::start(BUCKET);
+    let cache = tempfile::tempdir().unwrap();
+    let m = mount_with_cache(&server.endpoint(), "files", cache.path(), &[]);
+    let code = "import os, sys\n\
+                open(os.path.join(sys.argv[1], 'notes.txt'), 'w').write('hello')\n\
+                os.makedirs(os.path.join(sys.argv[1], 'd'))\n\
+                open(os.path.join(sys.argv[1], 'd', 'f'), 'w').write('x')";
+    common::mount::python_ok("new files", code, &[&m.mountpoint]);
+    // The cache belongs to the running mount: a second mount of it is refused.
+    let second = tempfile::tempdir().unwrap();
+    let refused = run_timeout(
+        Command::new(env!("CARGO_BIN_EXE_shardfs"))
+            .args(["mount", &format!("s3://{BUCKET}/files")])
+            .arg(second.path())
+            .arg("--cache-dir")
+            .arg(cache.path())
+            .envs(s3_env(&server.endpoint())),
+        Duration::from_secs(60),
+    );
+    assert!(!refused.status.success(), "a second mount of one cache");
+    assert!(stderr(&refused).contains("running"), "{}", stderr(&refused));
+    assert_ok(&m.unmount(&[]), "unmount");
+    drop(m);
+    // New files were held in memory and published whole.
+    assert_eq!(
+        keys(&server, "files/"),
+        vec!["files/d/f", "files/notes.txt"]
+    );
+    let m = mount_with_cache(&server.endpoint(), "files", cache.path(), &[]);
+    let code = "import errno, os, sys\n\
+                os.chdir(sys.argv[1])\n\
+                assert open('notes.txt').read() == 'hello'\n\
+                try:\n    open('notes.txt', 'a').write('more'); sys.exit('changed in place')\n\
+                except OSError as e:\n    assert e.errno == errno.EOPNOTSUPP, e\n\
+                try:\n    os.rename('d', 'e'); sys.exit('a directory renamed')\n\
+                except OSError as e:\n    assert e.errno == errno.EXDEV, e\n\
+                os.rename('notes.txt', 'moved.txt')\n\
+                assert open('moved.txt').read() == 'hello'";
+    common::mount::python_ok("refusals and a move", code, &[&m.mountpoint]);
+    assert_ok(&m.unmount(&[]), "unmount");
+    assert_eq!(
+        keys(&server, "files/"),
+        vec!["files/d/f", "files/moved.txt"]
+    );
 }

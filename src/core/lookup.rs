@@ -610,6 +610,10 @@ impl ShardFs {
                     append: flags & libc::O_APPEND != 0,
                     create_new: None,
                 };
+                if writable {
+                    // A file changed in place could not be published whole.
+                    self.pass_through_allowed()?;
+                }
                 let file = self.backing.open_file(&info.rel, how)?;
                 // Several names, several inodes to the kernel: no page cache kept between
                 // opens, or a change through another name would not show.

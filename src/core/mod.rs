@@ -219,7 +219,8 @@ impl ShardFs {
         match self.published {
             Some(_) => Err(FsError::Unsupported(
                 "an object-store mount holds Zarr hierarchies (zarr.json documents and \
-                 chunks); other files are refused",
+                 chunks); other files are made new and written whole, never changed in \
+                 place or linked",
             )),
             None => Ok(()),
         }

@@ -526,6 +526,12 @@ impl ShardFs {
             (NodeKind::ChunkDir { .. }, _) | (_, Place::KeyDir(..)) => {
                 return Err(FsError::CrossDevice("key directories do not move"));
             }
+            (NodeKind::Dir | NodeKind::ArrayDir(_), _) if self.published.is_some() => {
+                // An object store renames nothing: mv copies and removes instead.
+                return Err(FsError::CrossDevice(
+                    "an object-store mount does not rename directories",
+                ));
+            }
             (
                 NodeKind::Dir | NodeKind::ArrayDir(_),
                 Place::Plain(to) | Place::Extra(to) | Place::Temp(to),
@@ -547,7 +553,7 @@ impl ShardFs {
             (
                 NodeKind::File | NodeKind::Symlink | NodeKind::Other,
                 Place::Plain(to) | Place::Extra(to) | Place::Temp(to),
-            ) if !matches!(dst, Some(NodeKind::Temp(_))) => {
+            ) if !matches!(dst, Some(NodeKind::Temp(_))) && self.published.is_none() => {
                 if let Some(dir) = to.parent() {
                     self.backing.create_dir_all(dir)?;
                 }

@@ -396,6 +396,7 @@ impl ShardFs {
     /// owner, never its target's.
     fn set_backing_attr(&self, rel: &Path, set: &SetAttr) -> Result<(), FsError> {
         if let Some(size) = set.size {
+            self.pass_through_allowed()?;
             self.backing.set_len(rel, size)?;
         }
         // Who may set which mode bits the kernel decides (default_permissions): only the

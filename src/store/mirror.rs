@@ -9,6 +9,7 @@
 //! journal of this node lives. A directory is only ever emptied when it is empty or bears
 //! the mark of a cache of the very same store.
 
+use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -35,17 +36,31 @@ pub struct Mirrored {
 }
 
 /// Makes `cache` (made if missing) the local tree of the store at `url`: emptied (but for
-/// the journal) and filled from the store.
-pub fn prepare(store: &dyn Store, url: &str, cache: &Path) -> io::Result<Mirrored> {
+/// the journal) and filled from the store. The returned file holds the cache for this
+/// mount (an OFD lock): a second mount of the same cache is refused while it is open.
+pub fn prepare(store: &dyn Store, url: &str, cache: &Path) -> io::Result<(Mirrored, File)> {
     std::fs::create_dir_all(cache)?;
     claim(url, cache)?;
+    let held = File::options()
+        .read(true)
+        .write(true)
+        .open(cache.join(MARK))?;
+    if !crate::backing::lock::try_lock(&held)? {
+        return Err(io::Error::new(
+            io::ErrorKind::ResourceBusy,
+            format!(
+                "{} is the cache of a mount that is running",
+                cache.display()
+            ),
+        ));
+    }
     empty_but_journal(cache)?;
     let local = Backing::new(cache.to_path_buf())?;
     let mut found = Mirrored::default();
     pull_dir(store, &local, Path::new(""), &mut found).map_err(io::Error::from)?;
     info!(url, cache = %cache.display(), dirs = found.dirs, documents = found.documents,
         arrays = found.arrays, "object store mirrored");
-    Ok(found)
+    Ok((found, held))
 }
 
 /// Refuses a directory that holds something other than a cache of `url`; marks it.
@@ -105,9 +120,13 @@ fn pull_dir(
     local.create_dir_all(dir)?;
     found.dirs += 1;
     let mut is_array = false;
-    for name in &listing.objects {
+    // The document first: below an array everything else is its key tree (shards, which
+    // stay in the store), whatever the key encoding makes of their names.
+    let mut names: Vec<&String> = listing.objects.iter().collect();
+    names.sort_by_key(|n| n.as_str() != "zarr.json");
+    for name in names {
         let key = join_rel(dir, name.as_ref());
-        if dir.as_os_str().is_empty() && name.starts_with(".shardfs") {
+        if (dir.as_os_str().is_empty() && name.starts_with(".shardfs")) || is_array {
             continue;
         }
         let Some((bytes, _)) = store.get(&key, MAX_MIRRORED).or_else(|e| match e {

@@ -81,8 +81,14 @@ impl ObjectBacked {
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("{url}: {e}")))?;
         // Client settings go in as configuration, so that those the environment gave
         // (allow_http, proxies) stay.
+        // A server that stops answering is found by the read timeout; the total one only
+        // bounds a transfer, which may be long for a large shard on a slow link.
         let budget = format!("{}s", REQUEST_BUDGET.as_secs());
-        let client = [("timeout", budget.as_str()), ("connect_timeout", "3s")];
+        let client = [
+            ("timeout", "1800s"),
+            ("read_timeout", budget.as_str()),
+            ("connect_timeout", "3s"),
+        ];
         let retry = RetryConfig {
             backoff: BackoffConfig::default(),
             max_retries: 3,

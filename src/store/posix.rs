@@ -13,7 +13,7 @@ use bytes::Bytes;
 
 use super::{Blob, Listing, ObjectInfo, Precondition, Store, StoreError};
 use crate::backing::lock::{Durability, LOCK_SUFFIX};
-use crate::backing::{Backing, is_absent, mtime_of};
+use crate::backing::{Backing, EntryKind, is_absent, mtime_of};
 use crate::shard::ReadAt;
 
 impl Store for Backing {
@@ -80,8 +80,7 @@ impl Store for Backing {
             };
             if entry.kind.is_dir() {
                 listing.dirs.push(name.to_string());
-            } else if !name.ends_with(LOCK_SUFFIX) {
-                // Whatever else is there: an open tells a regular file from the rest.
+            } else if entry.kind == EntryKind::File && !name.ends_with(LOCK_SUFFIX) {
                 listing.objects.push(name.to_string());
             }
         }
