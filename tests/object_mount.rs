@@ -377,3 +377,36 @@ fn an_object_mount_publishes_new_files_and_refuses_what_it_cannot() {
         vec!["files/d/f", "files/moved.txt"]
     );
 }
+
+#[test]
+fn chunk_files_copied_in_before_their_metadata_are_sharded() {
+    let server = S3Server::start(BUCKET);
+    // An unsharded array written natively beside the mount.
+    let local = tempfile::tempdir().unwrap();
+    let src = local.path().join("a");
+    create_shared(&src);
+    all_succeed(vec![
+        spawn_shared(&["write", src.to_str().unwrap(), "0", "1"]),
+        spawn_shared(&["write", src.to_str().unwrap(), "1", "1"]),
+    ]);
+    let (m, _cache) = mount(&server.endpoint(), "imp", &["--chunks-per-shard", "4"]);
+    // The chunk files first (held in memory: the directory is no array yet), then zarr.json.
+    std::fs::create_dir(m.path("a")).unwrap();
+    let cp = Command::new("cp")
+        .arg("-r")
+        .arg(src.join("c"))
+        .arg(m.path("a"))
+        .output()
+        .unwrap();
+    assert_ok(&cp, "cp -r c");
+    std::fs::copy(src.join("zarr.json"), m.path("a/zarr.json")).unwrap();
+    assert_ok(&m.unmount(&[]), "unmount");
+    let url = server.endpoint();
+    assert_ok(
+        &clients(&["check-shared", &url, "imp/a"]),
+        "every chunk, sharded",
+    );
+    // Only shards (4 of them) below the array: no chunk file reached the store as it was.
+    let stored = keys(&server, "imp/a/c/");
+    assert_eq!(stored.len(), 4, "{stored:?}");
+}

@@ -162,6 +162,7 @@ impl ShardFs {
         for d in &key_dirs {
             self.temps.insert_dir(d);
         }
+        self.import_held_chunks(&array, dir)?;
         if chunk_files.is_empty() {
             return Ok(());
         }
@@ -221,6 +222,21 @@ impl ShardFs {
         }
         info!(array = %self.backing.path(dir).display(), chunks = chunk_files.len(),
             shards = by_shard.len(), "chunk files written before the metadata moved into shards");
+        Ok(())
+    }
+
+    /// Chunk files written before the metadata and held in memory (an object-store mount
+    /// holds every new file so) become the array's pending chunks.
+    fn import_held_chunks(&self, array: &Arc<ArrayState>, dir: &Path) -> Result<(), FsError> {
+        for (rel, file) in self.temps.all_files() {
+            let Some(coords) = chunk_key_below(array, dir, &rel) else {
+                continue;
+            };
+            // Its memory stays counted: it moves from the temporary files to the chunks.
+            self.shards
+                .put(&self.backing, array, &coords, file.clone())?;
+            self.temps.remove_if(&rel, &file);
+        }
         Ok(())
     }
 
@@ -293,5 +309,24 @@ impl ShardFs {
     /// written under).
     pub(crate) fn flush_array_at(&self, dir: &Path) -> Result<(), FsError> {
         self.write_pending_below(dir, &[])
+    }
+}
+
+/// The chunk `rel` names, if it is a chunk key of `array` (whose directory is `dir`).
+fn chunk_key_below(array: &ArrayState, dir: &Path, rel: &Path) -> Option<Vec<u64>> {
+    let mut node = KeyNode::Root;
+    for part in rel.strip_prefix(dir).ok()?.components() {
+        node = match (
+            &node,
+            array.classify_name(&node, part.as_os_str().to_str()?),
+        ) {
+            (KeyNode::Chunk(_), _) => return None,
+            (_, ArrayName::Key(child)) => child,
+            _ => return None,
+        };
+    }
+    match node {
+        KeyNode::Chunk(coords) => Some(coords),
+        _ => None,
     }
 }
