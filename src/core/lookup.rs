@@ -725,9 +725,22 @@ impl ShardFs {
             NodeKind::Chunk { array, coords } => {
                 match self.shards.chunk(&self.backing, array, coords)? {
                     ChunkData::Pending(file) => Ok(Bytes::from(file.read(offset, size))),
-                    // Index and bytes come from the one descriptor the index was read from.
+                    // Index and bytes come from the one version the index was read from.
                     ChunkData::Stored(c) => {
-                        let data = c.read_part(offset, size)?;
+                        let data = match c.read_part(offset, size) {
+                            // Replaced in the store since its version was last seen (an
+                            // object store cannot read an old version): look again, once.
+                            Err(FsError::Io(e)) if e.raw_os_error() == Some(libc::ESTALE) => {
+                                self.shards.forget_seen(array, coords);
+                                let again = self.shards.chunk(&self.backing, array, coords)?;
+                                return match again {
+                                    ChunkData::Stored(c) => c.read_part(offset, size),
+                                    ChunkData::Pending(f) => Ok(Bytes::from(f.read(offset, size))),
+                                    _ => Ok(Bytes::new()),
+                                };
+                            }
+                            other => other?,
+                        };
                         *lock(&h.stored) = Some(c);
                         Ok(data)
                     }

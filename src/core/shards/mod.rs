@@ -410,6 +410,15 @@ impl ShardRegistry {
     }
 
     /// The cache's size now: slots and the bytes they cost.
+    /// The version of the shard holding `coords` is to be looked at again, not trusted.
+    pub fn forget_seen(&self, array: &ArrayState, coords: &[u64]) {
+        let shard = array.layout.locate(coords).shard;
+        let slot = lock(&self.slots).get(&(array.rel.clone(), shard)).cloned();
+        if let Some(slot) = slot {
+            lock(&slot.state).seen = None;
+        }
+    }
+
     /// A shard as a user would name it: its path, or its object store URL.
     pub fn describe(&self, rel: &Path) -> String {
         self.store.describe(rel)
