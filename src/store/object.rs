@@ -40,6 +40,8 @@ const REQUEST_BUDGET: Duration = Duration::from_secs(10);
 
 pub struct ObjectBacked {
     url: String,
+    /// Versions are named by version id rather than ETag (`info_of`).
+    by_version: bool,
     /// Objects larger than this go up as multipart uploads (`--multipart-above`).
     multipart_above: u64,
     store: Arc<dyn ObjectStore>,
@@ -125,12 +127,24 @@ impl ObjectBacked {
             .build()?;
         Ok(ObjectBacked {
             url: url.to_string(),
+            by_version: parsed.scheme() == "gs",
             multipart_above: DEFAULT_MULTIPART_ABOVE,
             store,
             prefix: prefix.as_ref().trim_end_matches('/').to_string(),
             runtime: Arc::new(runtime),
             requests: Arc::default(),
         })
+    }
+
+    /// The tag of the version a write made, as `info_of` names versions.
+    fn tag_of(&self, done: object_store::PutResult) -> String {
+        match (done.e_tag, done.version) {
+            (_, Some(version)) if self.by_version => format!("version:{version}"),
+            (Some(etag), _) if !etag.is_empty() => etag,
+            (_, Some(version)) => format!("version:{version}"),
+            // Unknown: a tag no version has, so the next look reads the index again.
+            _ => format!("modified:unknown:{:?}", std::time::SystemTime::now()),
+        }
     }
 
     /// Objects larger than `bytes` are written as multipart uploads.
@@ -190,7 +204,7 @@ impl ObjectBacked {
         match done {
             Ok(done) => Ok(ObjectInfo {
                 size,
-                tag: done.e_tag.unwrap_or_default(),
+                tag: self.tag_of(done),
                 mtime: std::time::SystemTime::now(),
             }),
             Err(e) => Err(to_io(e).into()),
@@ -227,8 +241,12 @@ fn to_io(e: object_store::Error) -> io::Error {
 /// tag from its version id, or else from size and modification time, so that two versions
 /// never share a tag (which would pair one version's index with another's bytes); such a
 /// tag is never sent as `If-Match`.
-fn info_of(meta: &ObjectMeta) -> ObjectInfo {
+///
+/// With `by_version` (Google Cloud Storage, whose conditional updates name a generation,
+/// not an ETag) the version id is the tag whenever there is one.
+fn info_of(meta: &ObjectMeta, by_version: bool) -> ObjectInfo {
     let tag = match (&meta.e_tag, &meta.version) {
+        (_, Some(version)) if by_version => format!("version:{version}"),
         (Some(etag), _) if !etag.is_empty() => etag.clone(),
         (_, Some(version)) => format!("version:{version}"),
         _ => format!(
@@ -293,6 +311,7 @@ impl ReadAt for ObjectBlob {
         let options = GetOptions {
             range: Some(GetRange::Bounded(offset..end)),
             if_match: etag(&self.info),
+            version: self.info.tag.strip_prefix("version:").map(str::to_string),
             ..GetOptions::default()
         };
         let bytes = self.runtime.block_on(async {
@@ -356,7 +375,9 @@ impl ObjectBacked {
             Ok::<_, object_store::Error>(Some((r.bytes().await?, meta, range)))
         });
         match got {
-            Ok(Some((bytes, meta, range))) => Ok(Some((bytes, info_of(&meta), range))),
+            Ok(Some((bytes, meta, range))) => {
+                Ok(Some((bytes, info_of(&meta, self.by_version), range)))
+            }
             Ok(None) => Err(io::Error::from_raw_os_error(libc::EFBIG).into()),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(to_io(e).into()),
@@ -369,7 +390,7 @@ impl Store for ObjectBacked {
         let (bytes, info) = if tail == 0 {
             self.count(&self.requests.head);
             match self.runtime.block_on(self.store.head(&self.path(key)?)) {
-                Ok(meta) => (Bytes::new(), info_of(&meta)),
+                Ok(meta) => (Bytes::new(), info_of(&meta, self.by_version)),
                 Err(object_store::Error::NotFound { .. }) => return Ok(None),
                 Err(e) => return Err(to_io(e).into()),
             }
@@ -382,7 +403,9 @@ impl Store for ObjectBacked {
                 Err(e) => {
                     self.count(&self.requests.head);
                     match self.runtime.block_on(self.store.head(&self.path(key)?)) {
-                        Ok(meta) if meta.size == 0 => (Bytes::new(), info_of(&meta)),
+                        Ok(meta) if meta.size == 0 => {
+                            (Bytes::new(), info_of(&meta, self.by_version))
+                        }
                         Ok(_) => return Err(e),
                         Err(object_store::Error::NotFound { .. }) => return Ok(None),
                         Err(_) => return Err(e),
@@ -452,7 +475,7 @@ impl Store for ObjectBacked {
         {
             Ok(done) => Ok(ObjectInfo {
                 size,
-                tag: done.e_tag.unwrap_or_default(),
+                tag: self.tag_of(done),
                 mtime: std::time::SystemTime::now(),
             }),
             Err(
