@@ -410,3 +410,13 @@ fn chunk_files_copied_in_before_their_metadata_are_sharded() {
     let stored = keys(&server, "imp/a/c/");
     assert_eq!(stored.len(), 4, "{stored:?}");
 }
+
+#[test]
+fn a_file_url_is_its_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().display());
+    let m = Mounted::new(Path::new(&url), &[], LIMIT);
+    std::fs::write(m.path("x"), b"y").unwrap();
+    assert_ok(&m.unmount(&[]), "unmount");
+    assert_eq!(std::fs::read(dir.path().join("x")).unwrap(), b"y");
+}

@@ -62,7 +62,8 @@ enum Command {
 
 #[derive(clap::Args, Debug, Clone)]
 struct MountArgs {
-    /// The directory holding the Zarr hierarchy, or an object store: s3://BUCKET/PREFIX
+    /// The directory holding the Zarr hierarchy (a path, or file:///PATH), or an object
+    /// store: s3://BUCKET/PREFIX
     /// (also gs://, az://), with credentials and endpoint from the environment
     /// (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION,
     /// AWS_ALLOW_HTTP=true for a plain-HTTP endpoint).
@@ -202,8 +203,17 @@ fn mount(args: MountArgs) -> ExitCode {
         .to_str()
         .filter(|b| crate::store::object::is_object_url(b))
         .map(str::to_string);
+    // file:///PATH is the directory PATH.
+    let local = match args
+        .backing
+        .to_str()
+        .and_then(|b| b.strip_prefix("file://"))
+    {
+        Some(path) => PathBuf::from(path),
+        None => args.backing.clone(),
+    };
     let backing = match (&url, &args.cache_dir) {
-        (None, _) => abs(&args.backing),
+        (None, _) => abs(&local),
         (Some(_), Some(dir)) => std::path::absolute(dir).unwrap_or_else(|_| dir.clone()),
         (Some(url), None) => default_cache_dir(url),
     };
