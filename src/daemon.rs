@@ -581,6 +581,62 @@ pub fn stats(mountpoint: &Path) -> Result<String, DaemonError> {
     Ok(serde_json::to_string_pretty(&info.stats).unwrap_or_default())
 }
 
+/// `shardfs flush`: everything pending (below `path`, when given) is written and made
+/// durable now, the mount staying; returns a one-line summary.
+pub fn flush(mountpoint: &Path, path: Option<&Path>) -> Result<String, DaemonError> {
+    let mountpoint = &fs::canonicalize(mountpoint).map_err(io_err(mountpoint))?;
+    let shown = mountpoint.display().to_string();
+    let is_shardfs = mount_type(mountpoint).is_some_and(|(fstype, source)| {
+        fstype.starts_with("fuse") && source.starts_with("shardfs:")
+    });
+    if !is_shardfs {
+        return Err(DaemonError::NotShardfs(shown));
+    }
+    let below = match path {
+        None => PathBuf::new(),
+        Some(p) => {
+            let full = fs::canonicalize(p).map_err(io_err(p))?;
+            full.strip_prefix(mountpoint)
+                .map(Path::to_path_buf)
+                .map_err(|_| DaemonError::Usage(format!("{} is not inside {shown}", p.display())))?
+        }
+    };
+    let control = mountpoint.join(CONTROL_FILE);
+    let before = read_control(&control)?.stats;
+    let start = std::time::Instant::now();
+    let command = format!("flush {}", below.display());
+    if let Err(e) = fs::OpenOptions::new()
+        .write(true)
+        .open(&control)
+        .and_then(|mut f| f.write_all(command.as_bytes()))
+    {
+        let failed = read_control(&control)
+            .map(|i| i.stats.failed)
+            .unwrap_or_default();
+        let what = if failed.is_empty() {
+            "nothing named; see the daemon's log".to_string()
+        } else {
+            failed.join("; ")
+        };
+        return Err(DaemonError::Unclean(format!(
+            "not everything could be written ({e}); it stays pending in {shown}. Not written: \
+             {what}"
+        )));
+    }
+    let after = read_control(&control)?.stats;
+    let what = if below.as_os_str().is_empty() {
+        shown
+    } else {
+        mountpoint.join(&below).display().to_string()
+    };
+    Ok(format!(
+        "flushed {what}: {} shards written ({} bytes), all durable, in {:.2} s",
+        after.shards_written.saturating_sub(before.shards_written),
+        after.bytes_written.saturating_sub(before.bytes_written),
+        start.elapsed().as_secs_f64()
+    ))
+}
+
 /// `shardfs unmount`: unmount, then wait for the daemon to finish writing and exit.
 pub fn unmount(mountpoint: &Path, lazy: bool) -> Result<(), DaemonError> {
     if is_dead_mount(mountpoint) {

@@ -181,6 +181,17 @@ fn a_store_that_goes_away_loses_nothing() {
     let held = stats(&m);
     assert!(held["pending_chunks"].as_u64().unwrap() > 32, "{held}");
     assert!(held["write_errors"].as_u64().unwrap() > 0, "{held}");
+    // A flush cannot write them: it fails and names them by their URL.
+    let flushed = common::mount::shardfs_timeout(
+        &["flush", m.mountpoint.to_str().unwrap()],
+        Duration::from_secs(120),
+    );
+    assert_eq!(flushed.status.code(), Some(1), "{}", stderr(&flushed));
+    assert!(
+        stderr(&flushed).contains("s3://shardfs-test/gone/z/c/"),
+        "{}",
+        stderr(&flushed)
+    );
     // What was written stays, in memory, and unmounting refuses to drop it.
     let refused = m.unmount(&[]);
     assert!(

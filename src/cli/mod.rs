@@ -48,6 +48,16 @@ enum Command {
     Mount(MountArgs),
     /// Show what a mount has written and what is pending, as JSON.
     Stats { mountpoint: PathBuf },
+    /// Write and sync every pending shard (of PATH, or of the whole mount) now, without
+    /// unmounting: when it returns, BACKING holds complete, natively readable shards.
+    ///
+    /// Exit status: 0 when everything was written (a one-line summary is printed), 1 when
+    /// not (the shards not written are named; they stay pending), 2 on usage errors.
+    Flush {
+        mountpoint: PathBuf,
+        /// A directory inside the mount: only what lies below it.
+        path: Option<PathBuf>,
+    },
     /// Unmount a shardfs mount and wait for its daemon to exit.
     ///
     /// Exit status: 0 when everything was written and the daemon exited cleanly, 1 when not
@@ -311,6 +321,19 @@ pub fn main() -> ExitCode {
         }
         Command::Unmount { mountpoint, lazy } => {
             return report_daemon(crate::daemon::unmount(&mountpoint, lazy));
+        }
+        Command::Flush { mountpoint, path } => {
+            return match crate::daemon::flush(&mountpoint, path.as_deref()) {
+                Ok(summary) => {
+                    println!("{summary}");
+                    ExitCode::SUCCESS
+                }
+                Err(e @ crate::daemon::DaemonError::Usage(_)) => {
+                    eprintln!("shardfs: {e}");
+                    ExitCode::from(2)
+                }
+                Err(e) => report_daemon(Err(e)),
+            };
         }
     };
     match result {

@@ -219,8 +219,17 @@ impl ShardFs {
     /// Writes everything pending, durably: every shard, every temporary file (and any
     /// `zarr.json` still being written). Returns what could not be written.
     pub fn flush_all(&self) -> Vec<String> {
+        self.flush_below_path(Path::new(""))
+    }
+
+    /// `flush_all`, for what lies below `below` only (files held in memory, shards of
+    /// arrays there); everything written is made durable.
+    pub fn flush_below_path(&self, below: &Path) -> Vec<String> {
         let mut failed = Vec::new();
         for (rel, file) in self.temps.all_files() {
+            if !rel.starts_with(below) {
+                continue;
+            }
             let result = self.contain("writing a file at unmount", || self.flush_temp(&rel, &file));
             let result = result.unwrap_or_else(|| Err(internal_error()));
             if let Err(e) = result {
@@ -228,9 +237,12 @@ impl ShardFs {
             }
         }
         for p in self.shards.pending() {
+            if !p.array.rel.starts_with(below) && !below.starts_with(&p.array.rel) {
+                continue;
+            }
             if let Err(e) = self.write_pending(&p, WriteMode::Everything) {
-                let shard = self.backing.path(&p.array.shard_rel(&p.shard));
-                failed.push(format!("{}: {e}", shard.display()));
+                let shard = self.shards.describe(&p.array.shard_rel(&p.shard));
+                failed.push(format!("{shard}: {e}"));
             }
         }
         // Everything written is made durable at once (one syncfs), and the journal's

@@ -788,24 +788,28 @@ impl ShardFs {
         Ok(())
     }
 
-    /// The writes of the control file: `flush` writes everything pending now.
+    /// The writes of the control file: `flush` writes everything pending now, durably;
+    /// `flush PATH` (relative to the mount's root) what lies below PATH.
     pub fn control_command(&self, command: &str) -> Result<(), FsError> {
-        match command.trim() {
-            "flush" => {
-                let failed = self.flush_all();
-                if failed.is_empty() {
-                    Ok(())
-                } else {
-                    for f in &failed {
-                        warn!("not written: {f}");
-                    }
-                    Err(FsError::Failed(failed.join("; "), libc::EIO))
-                }
+        let command = command.trim();
+        let below = match command.strip_prefix("flush") {
+            Some(rest) if rest.is_empty() || rest.starts_with(' ') => {
+                PathBuf::from(rest.trim().trim_matches('/'))
             }
-            other => Err(FsError::Invalid(format!(
-                "unknown control command {other:?}"
-            ))),
+            _ => {
+                return Err(FsError::Invalid(format!(
+                    "unknown control command {command:?}"
+                )));
+            }
+        };
+        let failed = self.flush_below_path(&below);
+        if failed.is_empty() {
+            return Ok(());
         }
+        for f in &failed {
+            warn!("not written: {f}");
+        }
+        Err(FsError::Failed(failed.join("; "), libc::EIO))
     }
 
     /// Whether `fh` is open on the control file.

@@ -1,0 +1,101 @@
+//! `shardfs flush`: the barrier between "written" and "hand BACKING to readers". Pending
+//! shards, incomplete ones included, are written and synced while the mount stays.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::mount::{Mounted, dirs, is_mounted, python_ok, shardfs_timeout, stats};
+use common::{assert_ok, stderr, stdout};
+
+const LIMIT: Duration = Duration::from_secs(300);
+
+/// zarr-python makes `name` (64x64 uint8 in 16x16 chunks) and writes two of the four
+/// chunks of its first shard (the others are fill value, which zarr-python skips).
+fn half_a_shard(m: &Mounted, name: &str) {
+    let code = "import sys, zarr\n\
+                a = zarr.create_array(sys.argv[1], shape=(64, 64), chunks=(16, 16), \
+                dtype='uint8', compressors=None, fill_value=0)\n\
+                a[0:16, 0:16] = 1\n\
+                a[16:32, 16:32] = 2";
+    python_ok("half a shard", code, &[&m.path(name)]);
+}
+
+/// zarr-python reads `array` in BACKING, natively sharded, as `half_a_shard` wrote it.
+fn reads_natively(array: &Path) {
+    let code = "import sys, zarr, numpy as np\n\
+                a = zarr.open_array(sys.argv[1], mode='r')\n\
+                assert a.shards == (32, 32), a.shards\n\
+                want = np.zeros((64, 64), dtype='uint8')\n\
+                want[0:16, 0:16] = 1\n\
+                want[16:32, 16:32] = 2\n\
+                assert (a[...] == want).all()";
+    python_ok("native read", code, &[array]);
+}
+
+fn flush(args: &[&str]) -> std::process::Output {
+    let mut all = vec!["flush"];
+    all.extend_from_slice(args);
+    shardfs_timeout(&all, Duration::from_secs(120))
+}
+
+#[test]
+fn flush_writes_incomplete_shards_and_keeps_the_mount() {
+    let (_d, backing, _) = dirs();
+    let m = Mounted::new(
+        &backing,
+        &["--chunks-per-shard", "2", "--idle-flush", "600"],
+        LIMIT,
+    );
+    half_a_shard(&m, "a");
+    half_a_shard(&m, "b");
+    assert!(
+        !backing.join("a/c/0/0").exists(),
+        "the shard waits for the rest"
+    );
+    // Only what lies below the path given.
+    let out = flush(&[
+        m.mountpoint.to_str().unwrap(),
+        m.path("b").to_str().unwrap(),
+    ]);
+    assert_ok(&out, "flush b");
+    assert!(
+        stdout(&out).contains("1 shards written"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(backing.join("b/c/0/0").is_file());
+    assert!(!backing.join("a/c/0/0").exists(), "a is not below b");
+    reads_natively(&backing.join("b"));
+    // The whole mount.
+    let out = flush(&[m.mountpoint.to_str().unwrap()]);
+    assert_ok(&out, "flush");
+    assert!(stdout(&out).starts_with("flushed "), "{}", stdout(&out));
+    reads_natively(&backing.join("a"));
+    assert!(is_mounted(&m.mountpoint));
+    assert_eq!(stats(&m)["pending_chunks"], 0);
+    // Nothing pending: a flush is quick and writes nothing.
+    let out = flush(&[m.mountpoint.to_str().unwrap()]);
+    assert!(
+        stdout(&out).contains(" 0 shards written"),
+        "{}",
+        stdout(&out)
+    );
+}
+
+#[test]
+fn flush_refuses_what_is_not_a_mount_or_not_in_it() {
+    let (_d, backing, _) = dirs();
+    let out = flush(&[backing.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("not a shardfs mount"),
+        "{}",
+        stderr(&out)
+    );
+    let m = Mounted::new(&backing, &[], LIMIT);
+    let out = flush(&[m.mountpoint.to_str().unwrap(), backing.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("is not inside"), "{}", stderr(&out));
+}
