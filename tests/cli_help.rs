@@ -25,3 +25,32 @@ fn every_command_has_help() {
     // A usage error exits 2.
     assert_eq!(shardfs(&["inspect"]).status.code(), Some(2));
 }
+
+#[test]
+fn version_completions_and_manual() {
+    let out = shardfs(&["--version"]);
+    assert!(out.status.success());
+    assert_eq!(
+        stdout(&out).trim(),
+        format!("shardfs {}", env!("CARGO_PKG_VERSION"))
+    );
+    for (shell, needle) in [
+        ("bash", "complete -F"),
+        ("zsh", "#compdef shardfs"),
+        ("fish", "complete -c shardfs"),
+    ] {
+        let out = shardfs(&["completions", shell]);
+        assert!(out.status.success(), "{shell}");
+        let text = stdout(&out);
+        assert!(text.contains(needle), "{shell}: {text}");
+        // Every command is completed.
+        for cmd in ["mount", "unmount", "flush", "stats", "inspect", "verify"] {
+            assert!(text.contains(cmd), "{shell} lacks {cmd}");
+        }
+    }
+    let out = shardfs(&["man"]);
+    assert!(out.status.success());
+    let page = stdout(&out);
+    assert!(page.contains(".TH shardfs 1"), "{page}");
+    assert!(page.contains("flush"), "{page}");
+}

@@ -48,6 +48,12 @@ enum Command {
     Mount(MountArgs),
     /// Show what a mount has written and what is pending, as JSON.
     Stats { mountpoint: PathBuf },
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
+    ///
+    /// For bash: `shardfs completions bash > /etc/bash_completion.d/shardfs`.
+    Completions { shell: clap_complete::Shell },
+    /// Print the manual page (roff) to stdout: `shardfs man > /usr/share/man/man1/shardfs.1`.
+    Man,
     /// Write and sync every pending shard (of PATH, or of the whole mount) now, without
     /// unmounting: when it returns, BACKING holds complete, natively readable shards.
     ///
@@ -321,6 +327,21 @@ pub fn main() -> ExitCode {
         }
         Command::Unmount { mountpoint, lazy } => {
             return report_daemon(crate::daemon::unmount(&mountpoint, lazy));
+        }
+        Command::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut cmd, "shardfs", &mut std::io::stdout());
+            return ExitCode::SUCCESS;
+        }
+        Command::Man => {
+            let cmd = <Cli as clap::CommandFactory>::command();
+            return match clap_mangen::Man::new(cmd).render(&mut std::io::stdout()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("shardfs: {e}");
+                    ExitCode::from(1)
+                }
+            };
         }
         Command::Flush { mountpoint, path } => {
             return match crate::daemon::flush(&mountpoint, path.as_deref()) {
