@@ -1,5 +1,6 @@
 //! The `shardfs` command line.
 
+mod helper;
 mod inspect;
 mod scan;
 mod verify;
@@ -48,6 +49,12 @@ enum Command {
     Mount(MountArgs),
     /// Show what a mount has written and what is pending, as JSON.
     Stats { mountpoint: PathBuf },
+    /// Link mount.fuse.shardfs (in PREFIX) to this binary, so that `mount -t fuse.shardfs
+    /// BACKING MOUNTPOINT -o OPTIONS` and /etc/fstab lines of type fuse.shardfs work.
+    InstallMountHelper {
+        #[arg(long, default_value = "/usr/sbin")]
+        prefix: PathBuf,
+    },
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
     ///
     /// For bash: `shardfs completions bash > /etc/bash_completion.d/shardfs`.
@@ -203,7 +210,8 @@ fn report_daemon(result: Result<(), crate::daemon::DaemonError>) -> ExitCode {
     }
 }
 
-fn mount(args: MountArgs) -> ExitCode {
+/// `argv`: the command line in `shardfs mount …` form (the daemon gets it too).
+fn mount(args: MountArgs, argv: Vec<std::ffi::OsString>) -> ExitCode {
     use crate::daemon::{MountConfig, default_log_file, run_foreground, spawn_daemon};
     use std::os::fd::{FromRawFd, OwnedFd};
 
@@ -277,7 +285,7 @@ fn mount(args: MountArgs) -> ExitCode {
         .clone()
         .unwrap_or_else(|| default_log_file(&config.mountpoint));
     // The daemon gets the same arguments, plus --foreground.
-    let child_args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    let child_args: Vec<std::ffi::OsString> = argv.into_iter().skip(1).collect();
     report_daemon(spawn_daemon(&config, &child_args, &log_file))
 }
 
@@ -308,11 +316,27 @@ fn init_logging() {
 }
 
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let mut argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let as_helper = argv
+        .first()
+        .and_then(|a| a.to_str())
+        .is_some_and(helper::started_as_helper);
+    if as_helper {
+        let given: Vec<String> = argv.iter().map(|a| a.to_string_lossy().into()).collect();
+        match helper::mount_args(&given) {
+            Ok(Some(args)) => argv = args.into_iter().map(Into::into).collect(),
+            Ok(None) => return ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("{}: {e}", helper::HELPER_NAME);
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let cli = Cli::parse_from(argv.clone());
     let result = match cli.command {
         Command::Inspect { path, json } => inspect::run(&path, json),
         Command::Verify { path } => verify::run(&path),
-        Command::Mount(args) => return mount(args),
+        Command::Mount(args) => return mount(args, argv),
         Command::Stats { mountpoint } => {
             return match crate::daemon::stats(&mountpoint) {
                 Ok(text) => {
@@ -327,6 +351,18 @@ pub fn main() -> ExitCode {
         }
         Command::Unmount { mountpoint, lazy } => {
             return report_daemon(crate::daemon::unmount(&mountpoint, lazy));
+        }
+        Command::InstallMountHelper { prefix } => {
+            return match helper::install(&prefix) {
+                Ok(link) => {
+                    println!("installed {}", link.display());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("shardfs: {}: {e}", prefix.display());
+                    ExitCode::from(1)
+                }
+            };
         }
         Command::Completions { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();
