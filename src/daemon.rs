@@ -577,8 +577,12 @@ fn read_control(control: &Path) -> Result<ControlInfo, DaemonError> {
 
 /// `shardfs stats`: the daemon's counters, as JSON.
 pub fn stats(mountpoint: &Path) -> Result<String, DaemonError> {
-    let info = read_control(&mountpoint.join(CONTROL_FILE))?;
-    Ok(serde_json::to_string_pretty(&info.stats).unwrap_or_default())
+    Ok(serde_json::to_string_pretty(&stats_report(mountpoint)?).unwrap_or_default())
+}
+
+/// The daemon's counters.
+pub fn stats_report(mountpoint: &Path) -> Result<crate::core::stats::StatsReport, DaemonError> {
+    Ok(read_control(&mountpoint.join(CONTROL_FILE))?.stats)
 }
 
 /// `shardfs flush`: everything pending (below `path`, when given) is written and made

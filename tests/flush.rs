@@ -99,3 +99,43 @@ fn flush_refuses_what_is_not_a_mount_or_not_in_it() {
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("is not inside"), "{}", stderr(&out));
 }
+
+/// Runs `shardfs ARGS` on a pseudo-terminal (util-linux `script`), for at most `limit`.
+fn on_a_terminal(args: &str, limit: Duration) -> String {
+    let cmd = format!(
+        "timeout {} {} {args}",
+        limit.as_secs_f64(),
+        env!("CARGO_BIN_EXE_shardfs")
+    );
+    let out = common::mount::run_timeout(
+        std::process::Command::new("script").args(["-qec", &cmd, "/dev/null"]),
+        limit + Duration::from_secs(30),
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn stats_speaks_json_to_programs_and_plain_words_on_a_terminal() {
+    let (_d, backing, _) = dirs();
+    let m = Mounted::new(
+        &backing,
+        &["--chunks-per-shard", "2", "--idle-flush", "600"],
+        LIMIT,
+    );
+    half_a_shard(&m, "a");
+    let mnt = m.mountpoint.to_str().unwrap();
+    // Piped: JSON, as before.
+    assert_eq!(stats(&m)["pending_chunks"], 2);
+    let view = on_a_terminal(&format!("stats {mnt}"), Duration::from_secs(10));
+    assert!(view.contains("pending   1 shards, 2 chunks"), "{view}");
+    assert!(!view.contains('{'), "{view}");
+    let json = on_a_terminal(&format!("stats --json {mnt}"), Duration::from_secs(10));
+    assert!(json.contains("\"pending_chunks\": 2"), "{json}");
+    // --watch refreshes until stopped, with the rate.
+    let watched = on_a_terminal(
+        &format!("stats --watch --interval 0.2 {mnt}"),
+        Duration::from_secs(2),
+    );
+    assert!(watched.matches("\x1b[2J").count() >= 3, "{watched:?}");
+    assert!(watched.contains("/s now"), "{watched}");
+}

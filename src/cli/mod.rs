@@ -3,6 +3,7 @@
 mod helper;
 mod inspect;
 mod scan;
+mod stats;
 mod verify;
 
 use std::path::{Path, PathBuf};
@@ -47,8 +48,19 @@ enum Command {
     /// --log-file. With --foreground it stays attached and logs to stderr. SIGINT or SIGTERM
     /// to the daemon unmount cleanly.
     Mount(MountArgs),
-    /// Show what a mount has written and what is pending, as JSON.
-    Stats { mountpoint: PathBuf },
+    /// Show what a mount has written and what is pending: a short view on a terminal,
+    /// JSON otherwise (or with --json).
+    Stats {
+        mountpoint: PathBuf,
+        /// JSON, also on a terminal.
+        #[arg(long)]
+        json: bool,
+        /// Show it again every --interval seconds, with the rate written, until interrupted.
+        #[arg(long)]
+        watch: bool,
+        #[arg(long, default_value_t = 1.0)]
+        interval: f64,
+    },
     /// Link mount.fuse.shardfs (in PREFIX) to this binary, so that `mount -t fuse.shardfs
     /// BACKING MOUNTPOINT -o OPTIONS` and /etc/fstab lines of type fuse.shardfs work.
     InstallMountHelper {
@@ -337,18 +349,12 @@ pub fn main() -> ExitCode {
         Command::Inspect { path, json } => inspect::run(&path, json),
         Command::Verify { path } => verify::run(&path),
         Command::Mount(args) => return mount(args, argv),
-        Command::Stats { mountpoint } => {
-            return match crate::daemon::stats(&mountpoint) {
-                Ok(text) => {
-                    println!("{text}");
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("shardfs: {e}");
-                    ExitCode::from(2)
-                }
-            };
-        }
+        Command::Stats {
+            mountpoint,
+            json,
+            watch,
+            interval,
+        } => return stats::run(&mountpoint, json, watch, interval),
         Command::Unmount { mountpoint, lazy } => {
             return report_daemon(crate::daemon::unmount(&mountpoint, lazy));
         }
