@@ -585,6 +585,56 @@ pub fn stats_report(mountpoint: &Path) -> Result<crate::core::stats::StatsReport
     Ok(read_control(&mountpoint.join(CONTROL_FILE))?.stats)
 }
 
+/// Sends a flush command to the daemon and waits for it; on a terminal, when it takes more
+/// than a second, shows what is left and the rate on stderr meanwhile.
+fn control_flush(control: &Path, command: &str) -> io::Result<()> {
+    use std::io::IsTerminal;
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let progress = std::io::stderr().is_terminal().then(|| {
+        let (control, done) = (control.to_path_buf(), done.clone());
+        std::thread::spawn(move || show_progress(&control, &done))
+    });
+    let result = fs::OpenOptions::new()
+        .write(true)
+        .open(control)
+        .and_then(|mut f| f.write_all(command.as_bytes()));
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    if let Some(p) = progress {
+        let _ = p.join();
+    }
+    result
+}
+
+/// The progress line of a flush: pending shards and bytes left, and the rate written.
+fn show_progress(control: &Path, done: &std::sync::atomic::AtomicBool) {
+    let start = std::time::Instant::now();
+    let first = read_control(control).map(|i| i.stats).ok();
+    let mut shown = false;
+    while !done.load(std::sync::atomic::Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(200));
+        if start.elapsed() < Duration::from_secs(1) {
+            continue;
+        }
+        let (Some(first), Ok(now)) = (&first, read_control(control)) else {
+            continue;
+        };
+        let now = now.stats;
+        let rate = now.bytes_written.saturating_sub(first.bytes_written) as f64
+            / start.elapsed().as_secs_f64();
+        eprint!(
+            "\r\x1b[Kwriting: {} shards, {:.1} MiB left, {:.1} MiB/s, {:.0} s",
+            now.pending_shards,
+            now.pending_bytes as f64 / (1 << 20) as f64,
+            rate / (1 << 20) as f64,
+            start.elapsed().as_secs_f64()
+        );
+        shown = true;
+    }
+    if shown {
+        eprintln!();
+    }
+}
+
 /// `shardfs flush`: everything pending (below `path`, when given) is written and made
 /// durable now, the mount staying; returns a one-line summary.
 pub fn flush(mountpoint: &Path, path: Option<&Path>) -> Result<String, DaemonError> {
@@ -609,11 +659,7 @@ pub fn flush(mountpoint: &Path, path: Option<&Path>) -> Result<String, DaemonErr
     let before = read_control(&control)?.stats;
     let start = std::time::Instant::now();
     let command = format!("flush {}", below.display());
-    if let Err(e) = fs::OpenOptions::new()
-        .write(true)
-        .open(&control)
-        .and_then(|mut f| f.write_all(command.as_bytes()))
-    {
+    if let Err(e) = control_flush(&control, &command) {
         let failed = read_control(&control)
             .map(|i| i.stats.failed)
             .unwrap_or_default();
@@ -664,11 +710,7 @@ pub fn unmount(mountpoint: &Path, lazy: bool) -> Result<(), DaemonError> {
     let info = read_control(&control)?;
     // Everything pending is written while the mount is still there: when that fails, the
     // mount stays (nothing is lost) and the failures are named.
-    if let Err(e) = fs::OpenOptions::new()
-        .write(true)
-        .open(&control)
-        .and_then(|mut f| f.write_all(b"flush"))
-    {
+    if let Err(e) = control_flush(&control, "flush") {
         let failed = read_control(&control)
             .map(|i| i.stats.failed)
             .unwrap_or_default();

@@ -181,17 +181,21 @@ fn a_store_that_goes_away_loses_nothing() {
     let held = stats(&m);
     assert!(held["pending_chunks"].as_u64().unwrap() > 32, "{held}");
     assert!(held["write_errors"].as_u64().unwrap() > 0, "{held}");
-    // A flush cannot write them: it fails and names them by their URL.
-    let flushed = common::mount::shardfs_timeout(
-        &["flush", m.mountpoint.to_str().unwrap()],
-        Duration::from_secs(120),
+    // A flush cannot write them: on a terminal it shows its progress while it tries, then
+    // fails and names them by their URL.
+    let cmd = format!(
+        "{} flush {}",
+        env!("CARGO_BIN_EXE_shardfs"),
+        m.mountpoint.display()
     );
-    assert_eq!(flushed.status.code(), Some(1), "{}", stderr(&flushed));
-    assert!(
-        stderr(&flushed).contains("s3://shardfs-test/gone/z/c/"),
-        "{}",
-        stderr(&flushed)
+    let flushed = run_timeout(
+        Command::new("script").args(["-qec", &cmd, "/dev/null"]),
+        Duration::from_secs(180),
     );
+    let text = String::from_utf8_lossy(&flushed.stdout);
+    assert_eq!(flushed.status.code(), Some(1), "{text}");
+    assert!(text.contains("s3://shardfs-test/gone/z/c/"), "{text}");
+    assert!(text.contains("writing: 8 shards"), "{text}");
     // What was written stays, in memory, and unmounting refuses to drop it.
     let refused = m.unmount(&[]);
     assert!(
