@@ -10,6 +10,10 @@ fn every_command_has_help() {
         ("inspect", "--json"),
         ("verify", "Exit status"),
         ("mount", "--foreground"),
+        ("mount", "--journal-dir"),
+        ("mount", "--cache-dir"),
+        ("flush", "Exit status"),
+        ("stats", "--watch"),
         ("unmount", "--lazy"),
     ] {
         let out = shardfs(&[cmd, "--help"]);

@@ -317,8 +317,17 @@ fn fsynced_chunks_of_a_killed_s3_mount_land_from_its_local_journal() {
     );
     m.kill_daemon();
     drop(m);
-    // The next mount on this node (same cache) replays the journal into the store.
-    let again = mount_with_cache(&server.endpoint(), "crash", cache.path(), &args);
+    // The next mount on this node (same cache, named as the journal's place) replays the
+    // journal into the store.
+    let url = format!("s3://{BUCKET}/crash");
+    let mut again_args = vec!["--journal-dir", cache.path().to_str().unwrap()];
+    again_args.extend_from_slice(&args);
+    let again = Mounted::with_env(
+        Path::new(&url),
+        &again_args,
+        &s3_env(&server.endpoint()),
+        LIMIT,
+    );
     assert_ok(&again.unmount(&[]), "unmount");
     drop(again);
     let url = server.endpoint();

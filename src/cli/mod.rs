@@ -106,7 +106,7 @@ struct MountArgs {
     /// For an object store: the local directory holding the tree's directories and
     /// metadata documents (mirrored at every mount) and the fsync journal, replayed by the
     /// next mount on this node [default: /var/cache/shardfs/<the URL, made a name>].
-    #[arg(long)]
+    #[arg(long, visible_alias = "journal-dir")]
     cache_dir: Option<PathBuf>,
     /// For an object store: shards larger than this are written as multipart uploads
     /// (which, unlike a single PUT, cannot be made conditional; suffixes K, M, G).
