@@ -585,6 +585,31 @@ pub fn stats_report(mountpoint: &Path) -> Result<crate::core::stats::StatsReport
     Ok(read_control(&mountpoint.join(CONTROL_FILE))?.stats)
 }
 
+/// `mountpoint`, canonical (relative paths, trailing slashes and symlinks name the same
+/// mount), if a shardfs mount is there.
+fn live_mount(mountpoint: &Path) -> Result<PathBuf, DaemonError> {
+    let canonical = fs::canonicalize(mountpoint).map_err(io_err(mountpoint))?;
+    let is_shardfs = mount_type(&canonical).is_some_and(|(fstype, source)| {
+        fstype.starts_with("fuse") && source.starts_with("shardfs:")
+    });
+    if !is_shardfs {
+        return Err(DaemonError::NotShardfs(canonical.display().to_string()));
+    }
+    Ok(canonical)
+}
+
+/// What the daemon says it could not write, after a flush failed.
+fn not_written(control: &Path) -> String {
+    let failed = read_control(control)
+        .map(|i| i.stats.failed)
+        .unwrap_or_default();
+    if failed.is_empty() {
+        "nothing named; see the daemon's log".to_string()
+    } else {
+        failed.join("; ")
+    }
+}
+
 /// Sends a flush command to the daemon and waits for it; on a terminal, when it takes more
 /// than a second, shows what is left and the rate on stderr meanwhile.
 fn control_flush(control: &Path, command: &str) -> io::Result<()> {
@@ -638,14 +663,8 @@ fn show_progress(control: &Path, done: &std::sync::atomic::AtomicBool) {
 /// `shardfs flush`: everything pending (below `path`, when given) is written and made
 /// durable now, the mount staying; returns a one-line summary.
 pub fn flush(mountpoint: &Path, path: Option<&Path>) -> Result<String, DaemonError> {
-    let mountpoint = &fs::canonicalize(mountpoint).map_err(io_err(mountpoint))?;
+    let mountpoint = &live_mount(mountpoint)?;
     let shown = mountpoint.display().to_string();
-    let is_shardfs = mount_type(mountpoint).is_some_and(|(fstype, source)| {
-        fstype.starts_with("fuse") && source.starts_with("shardfs:")
-    });
-    if !is_shardfs {
-        return Err(DaemonError::NotShardfs(shown));
-    }
     let below = match path {
         None => PathBuf::new(),
         Some(p) => {
@@ -660,14 +679,7 @@ pub fn flush(mountpoint: &Path, path: Option<&Path>) -> Result<String, DaemonErr
     let start = std::time::Instant::now();
     let command = format!("flush {}", below.display());
     if let Err(e) = control_flush(&control, &command) {
-        let failed = read_control(&control)
-            .map(|i| i.stats.failed)
-            .unwrap_or_default();
-        let what = if failed.is_empty() {
-            "nothing named; see the daemon's log".to_string()
-        } else {
-            failed.join("; ")
-        };
+        let what = not_written(&control);
         return Err(DaemonError::Unclean(format!(
             "not everything could be written ({e}); it stays pending in {shown}. Not written: \
              {what}"
@@ -697,28 +709,14 @@ pub fn unmount(mountpoint: &Path, lazy: bool) -> Result<(), DaemonError> {
              written when it died is lost"
         )));
     }
-    // Relative paths, trailing slashes and symlinks name the same mount.
-    let mountpoint = &fs::canonicalize(mountpoint).map_err(io_err(mountpoint))?;
+    let mountpoint = &live_mount(mountpoint)?;
     let shown = mountpoint.display().to_string();
-    let is_shardfs = mount_type(mountpoint).is_some_and(|(fstype, source)| {
-        fstype.starts_with("fuse") && source.starts_with("shardfs:")
-    });
-    if !is_shardfs {
-        return Err(DaemonError::NotShardfs(shown));
-    }
     let control = mountpoint.join(CONTROL_FILE);
     let info = read_control(&control)?;
     // Everything pending is written while the mount is still there: when that fails, the
     // mount stays (nothing is lost) and the failures are named.
     if let Err(e) = control_flush(&control, "flush") {
-        let failed = read_control(&control)
-            .map(|i| i.stats.failed)
-            .unwrap_or_default();
-        let what = if failed.is_empty() {
-            "nothing named; see the daemon's log".to_string()
-        } else {
-            failed.join("; ")
-        };
+        let what = not_written(&control);
         return Err(DaemonError::Unclean(format!(
             "pending data could not be written ({e}); {shown} stays mounted. Not written: {what}"
         )));

@@ -34,6 +34,15 @@ fn reads_natively(array: &Path) {
     python_ok("native read", code, &[array]);
 }
 
+/// A mount over `backing` whose incomplete shards wait (no idle writes), 2x2 per shard.
+fn waiting_mount(backing: &Path) -> Mounted {
+    Mounted::new(
+        backing,
+        &["--chunks-per-shard", "2", "--idle-flush", "600"],
+        LIMIT,
+    )
+}
+
 fn flush(args: &[&str]) -> std::process::Output {
     let mut all = vec!["flush"];
     all.extend_from_slice(args);
@@ -43,11 +52,7 @@ fn flush(args: &[&str]) -> std::process::Output {
 #[test]
 fn flush_writes_incomplete_shards_and_keeps_the_mount() {
     let (_d, backing, _) = dirs();
-    let m = Mounted::new(
-        &backing,
-        &["--chunks-per-shard", "2", "--idle-flush", "600"],
-        LIMIT,
-    );
+    let m = waiting_mount(&backing);
     half_a_shard(&m, "a");
     half_a_shard(&m, "b");
     assert!(
@@ -117,11 +122,7 @@ fn on_a_terminal(args: &str, limit: Duration) -> String {
 #[test]
 fn stats_speaks_json_to_programs_and_plain_words_on_a_terminal() {
     let (_d, backing, _) = dirs();
-    let m = Mounted::new(
-        &backing,
-        &["--chunks-per-shard", "2", "--idle-flush", "600"],
-        LIMIT,
-    );
+    let m = waiting_mount(&backing);
     half_a_shard(&m, "a");
     let mnt = m.mountpoint.to_str().unwrap();
     // Piped: JSON, as before.

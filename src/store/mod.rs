@@ -42,6 +42,18 @@ pub enum Precondition {
     Matches(String),
 }
 
+impl Precondition {
+    /// Whether it holds for the object whose current version has tag `current` (`None`:
+    /// no object).
+    pub fn holds(&self, current: Option<&str>) -> bool {
+        match (self, current) {
+            (Precondition::None, _) | (Precondition::Absent, None) => true,
+            (Precondition::Matches(tag), Some(now)) => tag == now,
+            _ => false,
+        }
+    }
+}
+
 #[derive(Debug, Error)]
 pub enum StoreError {
     /// Someone else wrote (or removed) the object since its version was read.

@@ -147,6 +147,21 @@ impl ObjectBacked {
         }
     }
 
+    /// The current version of `key` (a HEAD), if `when` holds for it: the check an object
+    /// store cannot make together with the write that follows (a DELETE, completing an
+    /// upload).
+    fn checked(
+        &self,
+        key: &Path,
+        when: &Precondition,
+    ) -> Result<Option<Arc<dyn Blob>>, StoreError> {
+        let current = self.open(key, 0)?;
+        if !when.holds(current.as_ref().map(|b| b.info().tag.as_str())) {
+            return Err(StoreError::Conflict(self.describe(key)));
+        }
+        Ok(current)
+    }
+
     /// Objects larger than `bytes` are written as multipart uploads.
     pub fn with_multipart_above(mut self, bytes: u64) -> ObjectBacked {
         self.multipart_above = bytes.max(PART_BYTES);
@@ -164,15 +179,7 @@ impl ObjectBacked {
         parts: &[Bytes],
         when: &Precondition,
     ) -> Result<ObjectInfo, StoreError> {
-        let current = self.open(key, 0)?;
-        let holds = match (when, &current) {
-            (Precondition::None, _) | (Precondition::Absent, None) => true,
-            (Precondition::Matches(tag), Some(blob)) => &blob.info().tag == tag,
-            _ => false,
-        };
-        if !holds {
-            return Err(StoreError::Conflict(self.describe(key)));
-        }
+        let _current = self.checked(key, when)?;
         let path = self.path(key)?;
         let mut groups: Vec<Vec<Bytes>> = vec![Vec::new()];
         let mut in_group = 0u64;
@@ -490,15 +497,7 @@ impl Store for ObjectBacked {
         // S3 answers a delete of a missing key with success; a HEAD first tells them apart,
         // and checks the precondition (object_store has no conditional DELETE: a write
         // between the HEAD and the DELETE is lost; see the README's rules for writers).
-        let current = self.open(key, 0)?;
-        let holds = match (&when, &current) {
-            (Precondition::None, _) | (Precondition::Absent, None) => true,
-            (Precondition::Matches(tag), Some(blob)) => &blob.info().tag == tag,
-            _ => false,
-        };
-        if !holds {
-            return Err(StoreError::Conflict(self.describe(key)));
-        }
+        let current = self.checked(key, &when)?;
         if current.is_none() {
             return Ok(false);
         }

@@ -47,11 +47,7 @@ impl Store for Backing {
         parts: &[Bytes],
         when: Precondition,
     ) -> Result<ObjectInfo, StoreError> {
-        let lock = self.lock_key(key)?;
-        let current = self.stat(key)?.filter(Metadata::is_file);
-        if !holds(&when, current.as_ref()) {
-            return Err(StoreError::Conflict(self.describe(key)));
-        }
+        let (lock, current) = self.locked_if(key, &when)?;
         let durability = if current.is_some() {
             Durability::DataBeforeRename
         } else {
@@ -61,11 +57,7 @@ impl Store for Backing {
     }
 
     fn delete(&self, key: &Path, when: Precondition) -> Result<bool, StoreError> {
-        let lock = self.lock_key(key)?;
-        let current = self.stat(key)?.filter(Metadata::is_file);
-        if !holds(&when, current.as_ref()) {
-            return Err(StoreError::Conflict(self.describe(key)));
-        }
+        let (lock, _) = self.locked_if(key, &when)?;
         let dir = lock.dir_rel().to_path_buf();
         let removed = lock.remove()?;
         self.prune_empty_dirs(&dir, dir.ancestors().last().unwrap_or(&dir));
@@ -94,12 +86,20 @@ impl Store for Backing {
     }
 }
 
-/// Whether `when` holds for the file as it is (`None`: no file).
-fn holds(when: &Precondition, current: Option<&Metadata>) -> bool {
-    match (when, current) {
-        (Precondition::None, _) | (Precondition::Absent, None) => true,
-        (Precondition::Matches(tag), Some(m)) => &info_of(m).tag == tag,
-        _ => false,
+impl Backing {
+    /// The key lock of `key` and its file as it is, if `when` holds for it: under the lock
+    /// nobody who follows the protocol changes it before the write that follows.
+    fn locked_if(
+        &self,
+        key: &Path,
+        when: &Precondition,
+    ) -> Result<(crate::backing::lock::KeyLock, Option<Metadata>), StoreError> {
+        let lock = self.lock_key(key)?;
+        let current = self.stat(key)?.filter(Metadata::is_file);
+        if !when.holds(current.as_ref().map(|m| info_of(m).tag).as_deref()) {
+            return Err(StoreError::Conflict(self.describe(key)));
+        }
+        Ok((lock, current))
     }
 }
 

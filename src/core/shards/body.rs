@@ -65,7 +65,7 @@ impl ShardRegistry {
         let mut shared: Vec<(Arc<ShardSlot>, Vec<Taken>)> = Vec::new();
         for ((_, shard), group) in groups {
             let slot = self.slot(backing, &group[0].0, &shard)?;
-            if !self.journal_shard(backing, journal, &slot, &group)? {
+            if !self.journal_shard(journal, &slot, &group)? {
                 let taken = self.take(journal, &slot, &group);
                 shared.push((slot, taken));
             }
@@ -130,7 +130,6 @@ impl ShardRegistry {
     /// cannot have a body (it exists), or kept losing it to shard writes.
     fn journal_shard(
         &self,
-        backing: &Backing,
         journal: &Journal,
         slot: &ShardSlot,
         group: &[&PendingChunk],
@@ -139,7 +138,7 @@ impl ShardRegistry {
             return Ok(false);
         }
         for _ in 0..BODY_TRIES {
-            let Some(body) = self.body_for(backing, journal, slot)? else {
+            let Some(body) = self.body_for(journal, slot)? else {
                 return Ok(false);
             };
             let taken = self.take(journal, slot, group);
@@ -162,12 +161,7 @@ impl ShardRegistry {
     }
 
     /// The body of the slot's shard, begun if the shard has none and no shard file exists.
-    fn body_for(
-        &self,
-        backing: &Backing,
-        journal: &Journal,
-        slot: &ShardSlot,
-    ) -> Result<Option<Arc<Body>>, FsError> {
+    fn body_for(&self, journal: &Journal, slot: &ShardSlot) -> Result<Option<Arc<Body>>, FsError> {
         // A body becomes its shard by a rename beside it: not when shards live elsewhere.
         if !self.store_is_backing {
             return Ok(None);
@@ -183,10 +177,7 @@ impl ShardRegistry {
             if let Some(b) = &st.body {
                 return Ok(Some(b.clone()));
             }
-            if self
-                .open_stored(backing, slot, &slot.shard, &mut st)?
-                .is_some()
-            {
+            if self.open_stored(slot, &slot.shard, &mut st)?.is_some() {
                 return Ok(None);
             }
         }

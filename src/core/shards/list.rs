@@ -82,14 +82,13 @@ impl ShardRegistry {
         }
         let stored: BTreeSet<usize> = {
             let mut st = lock(&slot.state);
-            let mut positions: BTreeSet<usize> =
-                match self.open_stored(backing, &slot, shard, &mut st)? {
-                    None => BTreeSet::new(),
-                    Some(OpenShard { stored, .. }) => match stored.index {
-                        Ok(index) => index.present().map(|(p, _)| p).collect(),
-                        Err(_) => (0..grid::count(array.layout.chunks_per_shard())).collect(),
-                    },
-                };
+            let mut positions: BTreeSet<usize> = match self.open_stored(&slot, shard, &mut st)? {
+                None => BTreeSet::new(),
+                Some(OpenShard { stored, .. }) => match stored.index {
+                    Ok(index) => index.present().map(|(p, _)| p).collect(),
+                    Err(_) => (0..grid::count(array.layout.chunks_per_shard())).collect(),
+                },
+            };
             positions.retain(|p| !st.deleted.contains(p) && !pending.contains(p));
             positions
         };

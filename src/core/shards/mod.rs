@@ -446,12 +446,10 @@ impl ShardRegistry {
     /// needs the store, and fails with EIO).
     fn open_stored(
         &self,
-        backing: &Backing,
         slot: &ShardSlot,
         shard: &[u64],
         st: &mut ShardState,
     ) -> Result<Option<OpenShard>, FsError> {
-        let _ = backing;
         let array = &slot.array;
         let rel = array.shard_rel(shard);
         if let Some((seen, at)) = &st.seen
@@ -515,7 +513,7 @@ impl ShardRegistry {
         if st.deleted.contains(&loc.pos) {
             return Ok(ChunkData::Absent);
         }
-        let Some(open) = self.open_stored(backing, &slot, &loc.shard, &mut st)? else {
+        let Some(open) = self.open_stored(&slot, &loc.shard, &mut st)? else {
             return Ok(ChunkData::Absent);
         };
         let rel = array.shard_rel(&loc.shard);
@@ -563,7 +561,7 @@ impl ShardRegistry {
         let base = if truncate || st.deleted.contains(&loc.pos) {
             FileData::default()
         } else {
-            match self.open_stored(backing, &slot, &loc.shard, &mut st)? {
+            match self.open_stored(&slot, &loc.shard, &mut st)? {
                 None => FileData::default(),
                 Some(OpenShard { file, stored }) => match stored.index {
                     Ok(index) => match index.get(loc.pos) {
@@ -632,7 +630,7 @@ impl ShardRegistry {
             let records = m.take_records();
             st.superseded.entry(loc.pos).or_default().extend(records);
         }
-        let stored = match self.open_stored(backing, &slot, &loc.shard, &mut st)? {
+        let stored = match self.open_stored(&slot, &loc.shard, &mut st)? {
             Some(OpenShard { stored, .. }) => match stored.index {
                 Ok(index) => index.get(loc.pos).is_some(),
                 // A damaged shard: the chunk may be there; deleting it is always allowed.
@@ -691,8 +689,7 @@ impl ShardRegistry {
         if !st.pending.is_empty() {
             return Ok(false);
         }
-        let Ok(Some(OpenShard { stored, .. })) = self.open_stored(backing, &slot, shard, &mut st)
-        else {
+        let Ok(Some(OpenShard { stored, .. })) = self.open_stored(&slot, shard, &mut st) else {
             return Ok(false);
         };
         Ok(match stored.index {

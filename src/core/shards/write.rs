@@ -22,9 +22,7 @@ use crate::backing::Backing;
 use crate::errno::ToErrno;
 use crate::journal::RecordRef;
 use crate::journal::body::Finishing;
-use crate::shard::{
-    ChunkRange, IndexFormat, IndexLocation, ShardBuilder, ShardIndex, read_chunk_part,
-};
+use crate::shard::{ChunkRange, IndexFormat, IndexLocation, ShardBuilder, ShardIndex};
 use crate::store::{ObjectInfo, Precondition, StoreError};
 
 /// What a shard write includes. Every shard write is durable: file synced, then renamed,
@@ -154,7 +152,7 @@ impl ShardRegistry {
             }
         }
         drop(finishing);
-        self.after_write(backing, slot, &taken, mode, result)
+        self.after_write(slot, &taken, mode, result)
     }
 
     /// Runs a shard write; a panic in it becomes an error (the chunks stay pending).
@@ -177,7 +175,6 @@ impl ShardRegistry {
     /// retire once durable), or the failure is recorded for the writers to hear of.
     fn after_write(
         &self,
-        backing: &Backing,
         slot: &ShardSlot,
         taken: &Taken,
         mode: WriteMode,
@@ -201,7 +198,6 @@ impl ShardRegistry {
             Err(e) => {
                 Stats::add(&self.stats.write_errors, 1);
                 let rel = slot.array.shard_rel(&slot.shard);
-                let _ = backing;
                 warn!(shard = %self.describe(&rel), "shard write failed, data kept in memory: {e}");
                 lock(&slot.state).failure = Some(Failure {
                     errno: e.to_errno(),
@@ -455,21 +451,32 @@ impl ShardJob<'_> {
                 if (0..self.format.n_chunks()).any(|p| !gone(&p)) {
                     return Err(FsError::Invalid(format!(
                         "{}: cannot merge into a damaged shard ({e})",
-                        self.backing.path(self.rel).display()
+                        reg.describe(self.rel)
                     )));
                 }
                 return Ok(());
             }
         };
-        let mut merged = false;
-        for (pos, range) in index.present().filter(|(p, _)| !gone(p)) {
-            let bytes = read_chunk_part(file, range, 0, range.nbytes)?;
-            builder.set(pos, vec![Bytes::from(bytes)]);
-            merged = true;
+        let mut kept: Vec<(usize, ChunkRange)> =
+            index.present().filter(|(p, _)| !gone(p)).collect();
+        if kept.is_empty() {
+            return Ok(());
         }
-        if merged {
-            Stats::add(&reg.stats.merges, 1);
+        // Chunks that lie close together come in one read (one GET on an object store),
+        // each kept as a slice of it.
+        kept.sort_by_key(|(_, r)| r.offset);
+        for run in runs_of(&kept) {
+            let start = run[0].1.offset;
+            let end = run.iter().map(|(_, r)| r.end()).max().unwrap_or(start);
+            let mut buf = vec![0u8; (end - start) as usize];
+            file.read_exact_at(&mut buf, start)?;
+            let buf = Bytes::from(buf);
+            for (pos, r) in run {
+                let at = (r.offset - start) as usize;
+                builder.set(*pos, vec![buf.slice(at..at + r.nbytes as usize)]);
+            }
         }
+        Stats::add(&reg.stats.merges, 1);
         Ok(())
     }
 }
@@ -491,5 +498,47 @@ fn store_err(e: StoreError) -> FsError {
     match e {
         StoreError::Conflict(what) => FsError::Conflict(what),
         StoreError::Io(e) => e.into(),
+    }
+}
+
+/// Bytes between two kept chunks below which they are read together.
+const READ_GAP: u64 = 1 << 20;
+
+/// `kept` (sorted by offset) cut where the gap to the next chunk is `READ_GAP` or more.
+fn runs_of(kept: &[(usize, ChunkRange)]) -> Vec<&[(usize, ChunkRange)]> {
+    let mut runs = Vec::new();
+    let mut from = 0;
+    for i in 1..kept.len() {
+        if kept[i].1.offset >= kept[i - 1].1.end().saturating_add(READ_GAP) {
+            runs.push(&kept[from..i]);
+            from = i;
+        }
+    }
+    runs.push(&kept[from..]);
+    runs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(offset: u64, nbytes: u64) -> ChunkRange {
+        ChunkRange { offset, nbytes }
+    }
+
+    #[test]
+    fn close_chunks_are_read_together_far_ones_apart() {
+        let kept = [
+            (0, at(0, 10)),
+            (1, at(20, 10)),
+            (2, at(30 + READ_GAP, 5)),
+            (3, at(35 + READ_GAP, 5)),
+        ];
+        let runs: Vec<Vec<usize>> = runs_of(&kept)
+            .iter()
+            .map(|r| r.iter().map(|(p, _)| *p).collect())
+            .collect();
+        assert_eq!(runs, vec![vec![0, 1], vec![2, 3]]);
+        assert_eq!(runs_of(&kept[..1]).len(), 1);
     }
 }
