@@ -83,6 +83,12 @@ fn both_clients_write_through_an_s3_mount_one_put_per_shard() {
         &clients(&["write-ts", m.path("t").to_str().unwrap()]),
         "tensorstore writes",
     );
+    // 128 chunks, each looked up, opened and closed several times: a shard's version, once
+    // seen, answers for a second, so reads of the store stay well below one per chunk.
+    let requests = &stats(&m)["store_requests"];
+    let reads = requests["get"].as_u64().unwrap() + requests["head"].as_u64().unwrap();
+    eprintln!("store requests while writing: {requests}");
+    assert!(reads < 64, "{requests}");
     assert_ok(&m.unmount(&[]), "unmount");
     drop(m);
     for array in ["z", "t"] {
