@@ -308,6 +308,7 @@ pub fn run_foreground(config: &MountConfig, ready: Option<OwnedFd>) -> Result<()
     let daemon = DaemonInfo {
         pid: std::process::id(),
         status_file: status_file.clone(),
+        mountpoint: config.mountpoint.clone(),
     };
     let local = Backing::new(backing.clone()).map_err(io_err(&backing))?;
     let core = match &config.object_url {

@@ -1,6 +1,7 @@
 //! The one place where errors become errno values for the kernel.
 
 use crate::core::FsError;
+use crate::core::refusal::Rule;
 
 pub trait ToErrno {
     fn to_errno(&self) -> i32;
@@ -19,14 +20,46 @@ impl ToErrno for FsError {
             FsError::Stale => libc::ESTALE,
             FsError::BadHandle => libc::EBADF,
             FsError::NotPermitted(_) => libc::EPERM,
-            FsError::CrossDevice(_) => libc::EXDEV,
             FsError::Changed => libc::ESTALE,
-            FsError::TooBig(_) => libc::EFBIG,
             FsError::Busy(_) | FsError::Conflict(_) => libc::EBUSY,
             FsError::Failed(_, errno) => *errno,
-            FsError::DamagedShard { .. } => libc::EIO,
+            FsError::Refused(r) => r.rule.to_errno(),
             FsError::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
         }
+    }
+}
+
+impl ToErrno for Rule {
+    fn to_errno(&self) -> i32 {
+        match self {
+            Rule::NotAChunkKey
+            | Rule::FileAsKeyDirectory
+            | Rule::DirectoryAsFile
+            | Rule::InvalidArrayMetadata
+            | Rule::ExchangeOfTranslatedNames => libc::EINVAL,
+            Rule::TooBig => libc::EFBIG,
+            Rule::LayoutChangeWhilePending => libc::EBUSY,
+            Rule::DamagedShard | Rule::MergeIntoDamagedShard => libc::EIO,
+            Rule::KeyDirectoryMove | Rule::ObjectStoreDirectoryRename => libc::EXDEV,
+            Rule::SpecialFileInArray | Rule::ShardfsOwnFile | Rule::TruncateTranslated => {
+                libc::EPERM
+            }
+            Rule::ObjectStoreInPlaceChange => libc::EOPNOTSUPP,
+        }
+    }
+}
+
+/// The symbolic name of the errno values refusals use, for log lines.
+pub fn errno_name(errno: i32) -> &'static str {
+    match errno {
+        libc::EINVAL => "EINVAL",
+        libc::EFBIG => "EFBIG",
+        libc::EBUSY => "EBUSY",
+        libc::EIO => "EIO",
+        libc::EXDEV => "EXDEV",
+        libc::EPERM => "EPERM",
+        libc::EOPNOTSUPP => "EOPNOTSUPP",
+        _ => "error",
     }
 }
 
@@ -34,20 +67,22 @@ impl ToErrno for FsError {
 mod tests {
     use super::*;
     use crate::shard::IndexError;
+    use std::path::Path;
 
     #[test]
-    fn io_errors_keep_their_errno_and_damage_is_eio() {
+    fn io_errors_keep_their_errno_and_refusals_their_rule() {
         let e = FsError::Io(std::io::Error::from_raw_os_error(libc::ENOSPC));
         assert_eq!(e.to_errno(), libc::ENOSPC);
         let e = FsError::Io(std::io::Error::other("no errno"));
         assert_eq!(e.to_errno(), libc::EIO);
-        let e = FsError::DamagedShard {
-            path: "x".into(),
-            reason: IndexError::CrcMismatch {
-                stored: 1,
-                computed: 2,
-            },
+        let reason = IndexError::CrcMismatch {
+            stored: 1,
+            computed: 2,
         };
+        let e = FsError::damaged_shard(Path::new("a/c/0"), "/data/a/c/0", &reason);
         assert_eq!(e.to_errno(), libc::EIO);
+        let e = FsError::refused(Path::new("a/c/9"), Rule::TooBig, "big");
+        assert_eq!(e.to_errno(), libc::EFBIG);
+        assert_eq!(errno_name(e.to_errno()), "EFBIG");
     }
 }

@@ -52,9 +52,16 @@ impl FuseAdapter {
     /// must not take a worker thread down with it (fuser does not catch panics), which
     /// would hang the mount.
     fn run<T>(&self, f: impl FnOnce() -> Result<T, FsError>) -> Result<T, FsError> {
-        self.core
+        let result = self
+            .core
             .contain("a request (it fails with EIO)", f)
-            .unwrap_or_else(|| Err(FsError::Io(io::Error::other("internal error"))))
+            .unwrap_or_else(|| Err(FsError::Io(io::Error::other("internal error"))));
+        // Every refusal reaches the log here, whichever request met it.
+        if let Err(FsError::Refused(r)) = &result {
+            let name = crate::errno::errno_name(r.rule.to_errno());
+            self.core.refusals.note(r, name);
+        }
+        result
     }
 
     /// Makes the kernel forget the attributes and pages it holds for `ino`. Sent before the

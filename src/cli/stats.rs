@@ -76,6 +76,12 @@ pub fn human_view(
         let parts: Vec<String> = requests.iter().map(|(k, n)| format!("{k} {n}")).collect();
         lines.push(format!("store     {}", parts.join(", ")));
     }
+    if r.refusals > 0 {
+        lines.push(format!(
+            "refused   {} requests (each logged with its rule and fix)",
+            r.refusals
+        ));
+    }
     if r.write_errors > 0 || !r.failed.is_empty() {
         lines.push(format!("errors    {} shard writes failed", r.write_errors));
         lines.extend(r.failed.iter().map(|f| format!("  not written: {f}")));

@@ -40,6 +40,11 @@ impl ArrayState {
         self.rel.join(self.layout.key_encoding.encode(shard))
     }
 
+    /// A chunk's path relative to the backing root (the same path in the view).
+    pub fn chunk_rel(&self, coords: &[u64]) -> PathBuf {
+        self.rel.join(self.layout.key_encoding.encode(coords))
+    }
+
     /// Whether `coords` names a chunk inside the array's chunk grid.
     pub fn chunk_inside(&self, coords: &[u64]) -> bool {
         grid::inside(coords, &self.layout.chunk_grid_shape())

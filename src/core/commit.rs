@@ -2,6 +2,7 @@
 //! the layout an existing array already has); a group's consolidated metadata is stored
 //! with its entries sharded the same way; anything else is stored as written.
 
+use crate::core::refusal::Rule;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -58,8 +59,11 @@ impl ShardFs {
                     }
                     Ok(sharded) => Node::Array(sharded).to_json_bytes(),
                     Err(e) if e.is_invalid_metadata() || matches!(e, LayoutError::Policy(_)) => {
-                        warn!(file = %shown.display(), "refused: {e}");
-                        return Err(FsError::Invalid(e.to_string()));
+                        return Err(FsError::refused(
+                            &doc,
+                            Rule::InvalidArrayMetadata,
+                            e.to_string(),
+                        ));
                     }
                     Err(e) => {
                         info!(file = %shown.display(), "stored unsharded, as written: {e}");
@@ -294,14 +298,11 @@ impl ShardFs {
             return Ok(());
         }
         self.flush_array_at(dir).map_err(|e| {
-            warn!(array = %self.backing.path(dir).display(),
-                "refused (EBUSY): a new zarr.json would change where chunks go, and the chunks \
-                 still pending could not be written under the old layout first ({e}); free \
-                 the backing store or fix its error, then write zarr.json again");
-            FsError::Busy(format!(
-                "{}: pending chunks of the old layout could not be written: {e}",
-                dir.display()
-            ))
+            FsError::refused(
+                &dir.join(METADATA_FILE),
+                Rule::LayoutChangeWhilePending,
+                format!("pending chunks of the old layout could not be written: {e}"),
+            )
         })
     }
 

@@ -1,10 +1,10 @@
 //! Errors of the filesystem core. Each maps to one errno, in `crate::errno`.
 
 use std::io;
-use std::path::PathBuf;
 
 use thiserror::Error;
 
+use super::refusal::{Refusal, Rule};
 use crate::shard::IndexError;
 
 #[derive(Debug, Error)]
@@ -29,12 +29,8 @@ pub enum FsError {
     BadHandle,
     #[error("not permitted here: {0}")]
     NotPermitted(&'static str),
-    #[error("cross-device rename: {0}")]
-    CrossDevice(&'static str),
     #[error("the file changed while it was being read; try again")]
     Changed,
-    #[error("file too large: {0}")]
-    TooBig(String),
     #[error("busy: {0}")]
     Busy(String),
     /// A conditional write found a version other than the one it read: read and retry.
@@ -42,8 +38,25 @@ pub enum FsError {
     Conflict(String),
     #[error("shard write failed earlier: {0}")]
     Failed(String, i32),
-    #[error("damaged shard {path}: {reason}")]
-    DamagedShard { path: PathBuf, reason: IndexError },
+    /// A request that breaks one of the mount's rules (logged once, with the fix).
+    #[error("{0}")]
+    Refused(Box<Refusal>),
     #[error("{0}")]
     Io(#[from] io::Error),
+}
+
+impl FsError {
+    /// Refuses a request on `file` (relative to the mount's root) for breaking `rule`.
+    pub fn refused(file: &std::path::Path, rule: Rule, detail: impl Into<String>) -> FsError {
+        FsError::Refused(Box::new(Refusal::new(file, rule, detail)))
+    }
+
+    /// Refuses a read of `chunk` whose shard (`shard`, as the store names it) is damaged.
+    pub fn damaged_shard(chunk: &std::path::Path, shard: &str, reason: &IndexError) -> FsError {
+        FsError::refused(
+            chunk,
+            Rule::DamagedShard,
+            format!("its shard {shard} is damaged: {reason}"),
+        )
+    }
 }

@@ -297,6 +297,10 @@ impl ShardFs {
         }
         report.failed.truncate(100);
         report.store_requests = self.shards.store_requests();
+        report.refusals = self
+            .refusals
+            .count
+            .load(std::sync::atomic::Ordering::Relaxed);
         report
     }
 }

@@ -612,7 +612,7 @@ impl ShardFs {
                 };
                 if writable {
                     // A file changed in place could not be published whole.
-                    self.pass_through_allowed()?;
+                    self.pass_through_allowed(&info.rel, "a write in place")?;
                 }
                 let file = self.backing.open_file(&info.rel, how)?;
                 // Several names, several inodes to the kernel: no page cache kept between
@@ -668,8 +668,12 @@ impl ShardFs {
                         ChunkData::Absent => return Err(FsError::NotFound),
                         ChunkData::Stored(c) => *lock(&handle.stored) = Some(c),
                         ChunkData::Pending(_) => {}
-                        ChunkData::Damaged { path, reason, .. } => {
-                            return Err(FsError::DamagedShard { path, reason });
+                        ChunkData::Damaged { shard, reason, .. } => {
+                            return Err(FsError::damaged_shard(
+                                &array.chunk_rel(coords),
+                                &shard,
+                                &reason,
+                            ));
                         }
                     }
                 }
@@ -744,9 +748,11 @@ impl ShardFs {
                         *lock(&h.stored) = Some(c);
                         Ok(data)
                     }
-                    ChunkData::Damaged { path, reason, .. } => {
-                        Err(FsError::DamagedShard { path, reason })
-                    }
+                    ChunkData::Damaged { shard, reason, .. } => Err(FsError::damaged_shard(
+                        &array.chunk_rel(coords),
+                        &shard,
+                        &reason,
+                    )),
                     // Deleted since open: what was open stays readable.
                     ChunkData::Absent => match lock(&h.stored).as_ref() {
                         Some(c) => c.read_part(offset, size),

@@ -19,6 +19,7 @@ pub mod inode;
 mod lookup;
 pub mod memfile;
 pub mod namespace;
+pub mod refusal;
 pub mod shards;
 pub mod stats;
 pub mod temp;
@@ -54,6 +55,9 @@ pub struct DaemonInfo {
     pub pid: u32,
     /// Where the daemon writes its verdict when it exits.
     pub status_file: PathBuf,
+    /// Where the mount is: refusals name files by their path there.
+    #[serde(skip)]
+    pub mountpoint: PathBuf,
 }
 
 /// How the write side behaves.
@@ -106,6 +110,8 @@ pub struct ShardFs {
     /// the shards (metadata documents, files written out) is published, BACKING being a
     /// local mirror of it (`store::mirror`).
     pub(crate) published: Option<Arc<dyn crate::store::Store>>,
+    /// Where refused requests are logged, and counted.
+    pub refusals: refusal::RefusalLog,
 }
 
 /// Orders the changes of pending chunks against the few operations during which none may
@@ -163,6 +169,7 @@ impl ShardFs {
         config: WriteConfig,
     ) -> ShardFs {
         ShardFs {
+            refusals: refusal::RefusalLog::new(daemon.mountpoint.clone()),
             backing,
             inodes: InodeTable::new(),
             classifier: Classifier::default(),
@@ -214,13 +221,17 @@ impl ShardFs {
     }
 
     /// Files other than Zarr's are passed through to BACKING by descriptor; a mirror of an
-    /// object store cannot publish those.
-    pub(crate) fn pass_through_allowed(&self) -> Result<(), FsError> {
+    /// object store cannot publish those. `what` is the change asked of `rel`.
+    pub(crate) fn pass_through_allowed(
+        &self,
+        rel: &std::path::Path,
+        what: &str,
+    ) -> Result<(), FsError> {
         match self.published {
-            Some(_) => Err(FsError::Unsupported(
-                "an object-store mount holds Zarr hierarchies (zarr.json documents and \
-                 chunks); other files are made new and written whole, never changed in \
-                 place or linked",
+            Some(_) => Err(FsError::refused(
+                rel,
+                refusal::Rule::ObjectStoreInPlaceChange,
+                what,
             )),
             None => Ok(()),
         }

@@ -3,6 +3,7 @@
 //! something lies below them) and temporary files (held in memory until renamed onto a key
 //! or, if never, written to BACKING as they are).
 
+use crate::core::refusal::Rule;
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -74,7 +75,11 @@ pub struct RenameFlags {
 impl ShardFs {
     fn place(&self, parent: &NodeInfo, name: &OsStr) -> Result<Place, FsError> {
         if parent.ino == super::ROOT && name == super::PRIVATE_DIR {
-            return Err(FsError::NotPermitted("shardfs's own directory"));
+            return Err(FsError::refused(
+                Path::new(super::PRIVATE_DIR),
+                Rule::ShardfsOwnFile,
+                "shardfs's own directory in BACKING",
+            ));
         }
         let rel = join_rel(&parent.rel, name);
         let (array, node) = match &parent.kind {
@@ -95,15 +100,15 @@ impl ShardFs {
             ArrayName::Key(KeyNode::Chunk(c)) => Place::Chunk(array, c),
             ArrayName::Key(n) => Place::KeyDir(array, n, rel),
             ArrayName::BadKey => {
-                warn!(
-                    array = %self.backing.path(&array.rel).display(),
-                    name = %rel.display(),
-                    "refused: not a chunk key of the array's encoding, or outside its grid"
-                );
-                return Err(FsError::Invalid(format!(
-                    "{} is not a chunk key of the array",
-                    rel.display()
-                )));
+                return Err(FsError::refused(
+                    &rel,
+                    Rule::NotAChunkKey,
+                    format!(
+                        "not a chunk key of the array {} (chunk grid {:?})",
+                        array.rel.display(),
+                        array.layout.chunk_grid_shape()
+                    ),
+                ));
             }
             ArrayName::Other
                 if self.temps.file(&rel).is_none() && self.backing.stat(&rel)?.is_some() =>
@@ -186,7 +191,7 @@ impl ShardFs {
         let mut backing_file = None;
         let kind = match place {
             Place::Plain(rel) | Place::Extra(rel) => {
-                self.pass_through_allowed()?;
+                self.pass_through_allowed(&rel, "an open of an existing file")?;
                 backing_file = Some(self.backing.open_file(
                     &rel,
                     OpenMode {
@@ -203,8 +208,12 @@ impl ShardFs {
             Place::Temp(rel) => self.new_temp(&rel, mode),
             // The pending chunk itself is made just below, with the writer's mark.
             Place::Chunk(array, coords) => NodeKind::Chunk { array, coords },
-            Place::KeyDir(..) => {
-                return Err(FsError::Invalid("a file named like a key directory".into()));
+            Place::KeyDir(_, _, rel) => {
+                return Err(FsError::refused(
+                    &rel,
+                    Rule::FileAsKeyDirectory,
+                    "a file named like a key directory",
+                ));
             }
         };
         // A writer from creation to FLUSH: the content is not final meanwhile.
@@ -276,8 +285,10 @@ impl ShardFs {
                 NodeKind::Dir
             }
             _ => {
-                return Err(FsError::Invalid(
-                    "a directory named like a chunk or zarr.json".into(),
+                return Err(FsError::refused(
+                    &join_rel(&p.rel, name),
+                    Rule::DirectoryAsFile,
+                    "a directory named like a chunk or zarr.json",
                 ));
             }
         };
@@ -293,8 +304,8 @@ impl ShardFs {
                 match self.shards.chunk(&self.backing, array, coords)? {
                     ChunkData::Pending(f) => Ok(f),
                     ChunkData::Stored(c) => Ok(from_bytes(c.read()?)),
-                    ChunkData::Damaged { path, reason, .. } => {
-                        Err(FsError::DamagedShard { path, reason })
+                    ChunkData::Damaged { shard, reason, .. } => {
+                        Err(FsError::damaged_shard(rel, &shard, &reason))
                     }
                     ChunkData::Absent => Err(FsError::NotFound),
                 }
@@ -404,7 +415,13 @@ impl ShardFs {
             NodeKind::Dir | NodeKind::ArrayDir(_) | NodeKind::ChunkDir { .. } => {
                 return Err(FsError::IsDir);
             }
-            NodeKind::Control => return Err(FsError::NotPermitted("the control file")),
+            NodeKind::Control => {
+                return Err(FsError::refused(
+                    &rel,
+                    Rule::ShardfsOwnFile,
+                    "removal of the control file",
+                ));
+            }
             NodeKind::ArrayMeta(array) => {
                 // The metadata goes last: everything pending is written while it is there.
                 self.flush_array_at(&array.rel)?;
@@ -524,12 +541,18 @@ impl ShardFs {
         let src_ino = self.inodes.peek(parent, name);
         let new_kind = match (&src, &place) {
             (NodeKind::ChunkDir { .. }, _) | (_, Place::KeyDir(..)) => {
-                return Err(FsError::CrossDevice("key directories do not move"));
+                return Err(FsError::refused(
+                    &src_rel,
+                    Rule::KeyDirectoryMove,
+                    format!("a rename to {}", dst_rel.display()),
+                ));
             }
             (NodeKind::Dir | NodeKind::ArrayDir(_), _) if self.published.is_some() => {
                 // An object store renames nothing: mv copies and removes instead.
-                return Err(FsError::CrossDevice(
-                    "an object-store mount does not rename directories",
+                return Err(FsError::refused(
+                    &src_rel,
+                    Rule::ObjectStoreDirectoryRename,
+                    format!("a directory rename to {}", dst_rel.display()),
                 ));
             }
             (
@@ -547,7 +570,11 @@ impl ShardFs {
                 self.resolve_path(to)?
             }
             (NodeKind::Dir | NodeKind::ArrayDir(_), _) => {
-                return Err(FsError::Invalid("a directory cannot become a file".into()));
+                return Err(FsError::refused(
+                    &dst_rel,
+                    Rule::DirectoryAsFile,
+                    format!("a rename of the directory {} onto it", src_rel.display()),
+                ));
             }
             // A BACKING file staying a BACKING file: a plain rename.
             (
@@ -564,9 +591,19 @@ impl ShardFs {
                 src.clone()
             }
             (NodeKind::Symlink | NodeKind::Other, _) => {
-                return Err(FsError::NotPermitted("special files inside arrays"));
+                return Err(FsError::refused(
+                    &src_rel,
+                    Rule::SpecialFileInArray,
+                    format!("a rename of a special file to {}", dst_rel.display()),
+                ));
             }
-            (NodeKind::Control, _) => return Err(FsError::NotPermitted("the control file")),
+            (NodeKind::Control, _) => {
+                return Err(FsError::refused(
+                    &src_rel,
+                    Rule::ShardfsOwnFile,
+                    "a rename of the control file",
+                ));
+            }
             // Everything else moves content: into a shard, memory, BACKING or metadata.
             _ => {
                 let content = self.content_of(&src, &src_rel)?;
@@ -623,15 +660,16 @@ impl ShardFs {
         to: (Ino, &OsStr),
     ) -> Result<(), FsError> {
         let plain = |k: &NodeKind| matches!(k, NodeKind::File | NodeKind::Dir | NodeKind::Symlink);
-        let (Some(dst), Place::Plain(dst_rel) | Place::Extra(dst_rel)) = (dst, place) else {
+        let Some(dst) = dst else {
             return Err(FsError::Invalid(
                 "exchange with a name that does not exist".into(),
             ));
         };
+        let (Place::Plain(dst_rel) | Place::Extra(dst_rel)) = place else {
+            return Err(translated_exchange(src_rel));
+        };
         if !plain(src) || !plain(dst) {
-            return Err(FsError::Invalid(
-                "exchange of names shardfs translates".into(),
-            ));
+            return Err(translated_exchange(src_rel));
         }
         // Whole trees swap places: what is pending in either is written first, and what
         // is known of them is forgotten (called with the gate held exclusively).
@@ -674,7 +712,7 @@ impl ShardFs {
     }
 
     pub fn link(&self, ino: Ino, newparent: Ino, newname: &OsStr) -> Result<Attr, FsError> {
-        self.pass_through_allowed()?;
+        self.pass_through_allowed(&self.node(ino)?.rel, "a hard link")?;
         let _gate = self.gate.for_request(newname == METADATA_FILE);
         let (dp, place, _shared) = self.place_held(newparent, newname)?;
         let src = self.node(ino)?;
@@ -690,7 +728,11 @@ impl ShardFs {
                 src.kind.clone()
             }
             (NodeKind::Symlink | NodeKind::Other, _) => {
-                return Err(FsError::NotPermitted("special files inside arrays"));
+                return Err(FsError::refused(
+                    &join_rel(&dp.rel, newname),
+                    Rule::SpecialFileInArray,
+                    format!("a hard link to the special file {}", src.rel.display()),
+                ));
             }
             (NodeKind::Dir | NodeKind::ArrayDir(_) | NodeKind::ChunkDir { .. }, _) => {
                 return Err(FsError::NotPermitted("hard links to directories"));
@@ -718,7 +760,8 @@ impl ShardFs {
         target: &Path,
         caller: Caller,
     ) -> Result<Attr, FsError> {
-        self.pass_through_allowed()?;
+        let rel = join_rel(&self.node(parent)?.rel, name);
+        self.pass_through_allowed(&rel, "a symbolic link")?;
         let (p, place, _shared) = self.place_held(parent, name)?;
         if self.exists(&p, name)? {
             return Err(FsError::Exists);
@@ -728,7 +771,13 @@ impl ShardFs {
                 self.backing.symlink(target, &rel)?;
                 self.own(&rel, caller)?;
             }
-            _ => return Err(FsError::NotPermitted("symbolic links named like chunks")),
+            _ => {
+                return Err(FsError::refused(
+                    &join_rel(&p.rel, name),
+                    Rule::SpecialFileInArray,
+                    "a symbolic link named like a chunk or zarr.json",
+                ));
+            }
         }
         self.enter(parent, name, NodeKind::Symlink)
     }
@@ -750,7 +799,8 @@ impl ShardFs {
             self.release(opened.fh)?;
             return Ok(attr);
         }
-        self.pass_through_allowed()?;
+        let rel = join_rel(&self.node(parent)?.rel, name);
+        self.pass_through_allowed(&rel, "a special file")?;
         let (p, place, _shared) = self.place_held(parent, name)?;
         if self.exists(&p, name)? {
             return Err(FsError::Exists);
@@ -760,7 +810,13 @@ impl ShardFs {
                 self.backing.mknod(&rel, ty | new_mode(mode), rdev)?;
                 self.own(&rel, caller)?;
             }
-            _ => return Err(FsError::NotPermitted("special files inside arrays")),
+            _ => {
+                return Err(FsError::refused(
+                    &join_rel(&p.rel, name),
+                    Rule::SpecialFileInArray,
+                    "a device file, FIFO or socket inside an array",
+                ));
+            }
         }
         self.enter(parent, name, NodeKind::Other)
     }
@@ -817,4 +873,12 @@ impl ShardFs {
         matches!(self.handles.get(fh).as_deref(), Ok(Handle::File(h))
             if matches!(self.inodes.get(h.ino).map(|i| i.kind), Some(NodeKind::Control)))
     }
+}
+
+fn translated_exchange(src_rel: &Path) -> FsError {
+    FsError::refused(
+        src_rel,
+        Rule::ExchangeOfTranslatedNames,
+        "RENAME_EXCHANGE with a chunk, a zarr.json, a key directory or a held file",
+    )
 }

@@ -50,6 +50,9 @@ pub struct StatsReport {
     pub temp_files_persisted: u64,
     #[serde(default)]
     pub panics: u64,
+    /// Requests refused for breaking one of the mount's rules (each logged with its fix).
+    #[serde(default)]
+    pub refusals: u64,
     /// Shards the index cache knows now, and the bytes they cost.
     #[serde(default)]
     pub index_cache_entries: u64,

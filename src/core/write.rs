@@ -2,6 +2,7 @@
 //! FLUSH, where a chunk's content becomes final and its shard may be complete; fsync, where
 //! pending data is made durable; truncation and other attribute changes.
 
+use crate::core::refusal::Rule;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
@@ -9,7 +10,6 @@ use std::sync::atomic::Ordering;
 use std::time::SystemTime;
 
 use bytes::Bytes;
-use tracing::warn;
 
 use super::ShardFs;
 use super::array::ArrayState;
@@ -72,15 +72,14 @@ fn check_size(rel: &Path, end: Option<u64>) -> Result<(), FsError> {
     };
     match end {
         Some(end) if end <= limit => Ok(()),
-        _ => {
-            warn!(file = %rel.display(),
-                "refused (EFBIG): files inside arrays and zarr.json documents are held in \
-                 memory, and may be at most {limit} bytes; write a smaller file");
-            Err(FsError::TooBig(format!(
-                "{}: may be at most {limit} bytes",
-                rel.display()
-            )))
-        }
+        _ => Err(FsError::refused(
+            rel,
+            Rule::TooBig,
+            match end {
+                Some(end) => format!("an end at byte {end}, past the limit of {limit} bytes"),
+                None => format!("an end past any offset, the limit being {limit} bytes"),
+            },
+        )),
     }
 }
 
@@ -221,7 +220,7 @@ impl ShardFs {
                 // writer's to fix, told by the error of this close); one that could not
                 // be written stays, for a retry.
                 if let Err(e) = committed {
-                    if matches!(e, FsError::Invalid(_)) {
+                    if matches!(&e, FsError::Refused(r) if r.rule == Rule::InvalidArrayMetadata) {
                         self.drop_temp_if(&info.rel, f);
                         self.inodes.detach(info.parent, &info.name, None);
                     }
@@ -384,8 +383,11 @@ impl ShardFs {
             // Translated documents, key directories, the control file: accepted, unchanged.
             _ => {
                 if set.size.is_some() {
-                    warn!(path = %info.rel.display(), "truncation of a read-only document refused");
-                    return Err(FsError::NotPermitted("truncating a translated document"));
+                    return Err(FsError::refused(
+                        &info.rel,
+                        Rule::TruncateTranslated,
+                        "a truncation of a document the mount translates",
+                    ));
                 }
             }
         }
@@ -396,7 +398,7 @@ impl ShardFs {
     /// owner, never its target's.
     fn set_backing_attr(&self, rel: &Path, set: &SetAttr) -> Result<(), FsError> {
         if let Some(size) = set.size {
-            self.pass_through_allowed()?;
+            self.pass_through_allowed(rel, "a truncation")?;
             self.backing.set_len(rel, size)?;
         }
         // Who may set which mode bits the kernel decides (default_permissions): only the

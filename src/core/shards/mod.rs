@@ -146,7 +146,8 @@ pub enum ChunkData {
     Pending(Arc<MemFile>),
     /// Its shard's index is damaged: the chunk is listed, but reading it fails with EIO.
     Damaged {
-        path: PathBuf,
+        /// The shard, as its store names it.
+        shard: String,
         reason: IndexError,
         mtime: SystemTime,
     },
@@ -519,7 +520,7 @@ impl ShardRegistry {
         let rel = array.shard_rel(&loc.shard);
         Ok(match open.stored.index {
             Err(reason) => ChunkData::Damaged {
-                path: backing.path(&rel),
+                shard: self.describe(&rel),
                 reason,
                 mtime: open.stored.mtime,
             },
@@ -571,10 +572,11 @@ impl ShardRegistry {
                         None => FileData::default(),
                     },
                     Err(reason) => {
-                        return Err(FsError::DamagedShard {
-                            path: backing.path(&array.shard_rel(&loc.shard)),
-                            reason,
-                        });
+                        return Err(FsError::damaged_shard(
+                            &array.chunk_rel(coords),
+                            &self.describe(&array.shard_rel(&loc.shard)),
+                            &reason,
+                        ));
                     }
                 },
             }

@@ -2,6 +2,7 @@
 //! new file, under the key lock (`crate::backing::lock`), so that other mounts and
 //! tensorstore writers sharing BACKING never lose a chunk to a concurrent merge.
 
+use crate::core::refusal::Rule;
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
@@ -449,10 +450,11 @@ impl ShardJob<'_> {
             Ok(index) => index,
             Err(e) => {
                 if (0..self.format.n_chunks()).any(|p| !gone(&p)) {
-                    return Err(FsError::Invalid(format!(
-                        "{}: cannot merge into a damaged shard ({e})",
-                        reg.describe(self.rel)
-                    )));
+                    return Err(FsError::refused(
+                        Path::new(&reg.describe(self.rel)),
+                        Rule::MergeIntoDamagedShard,
+                        format!("its index is damaged ({e})"),
+                    ));
                 }
                 return Ok(());
             }
