@@ -21,7 +21,7 @@ impl ToErrno for FsError {
             FsError::BadHandle => libc::EBADF,
             FsError::NotPermitted(_) => libc::EPERM,
             FsError::Changed => libc::ESTALE,
-            FsError::Busy(_) | FsError::Conflict(_) => libc::EBUSY,
+            FsError::Conflict(_) => libc::EBUSY,
             FsError::Failed(_, errno) => *errno,
             FsError::Refused(r) => r.rule.to_errno(),
             FsError::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),

@@ -56,10 +56,9 @@ impl FuseAdapter {
             .core
             .contain("a request (it fails with EIO)", f)
             .unwrap_or_else(|| Err(FsError::Io(io::Error::other("internal error"))));
-        // Every refusal reaches the log here, whichever request met it.
-        if let Err(FsError::Refused(r)) = &result {
-            let name = crate::errno::errno_name(r.rule.to_errno());
-            self.core.refusals.note(r, name);
+        // Every refusal a request meets reaches the log here (once).
+        if let Err(e) = &result {
+            self.core.refusals.note_error(e);
         }
         result
     }

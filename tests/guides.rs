@@ -31,19 +31,18 @@ fn readme_guides() -> (Vec<Block>, Vec<(String, Vec<Block>)>) {
     let start = readme
         .find(SECTION)
         .expect("the README has the guides section");
-    let rest = &readme[start + SECTION.len()..];
-    let body = rest.find("\n## ").map_or(rest, |end| &rest[..end]);
     let mut intro = Vec::new();
     let mut guides: Vec<(String, Vec<Block>)> = Vec::new();
-    let mut lines = body.lines();
+    let mut lines = readme[start + SECTION.len()..].lines();
     while let Some(line) = lines.next() {
-        if let Some(title) = line.strip_prefix("### ") {
+        if line.starts_with("## ") {
+            break; // the next section
+        } else if let Some(title) = line.strip_prefix("### ") {
             guides.push((title.trim().to_string(), Vec::new()));
-        } else if let Some(lang) = line.strip_prefix("```") {
-            let code: Vec<&str> = lines.by_ref().take_while(|l| *l != "```").collect();
+        } else if let Some(lang) = line.trim_start().strip_prefix("```") {
             let block = Block {
                 lang: lang.trim().to_string(),
-                code: code.join("\n") + "\n",
+                code: fenced_code(&mut lines, &line[..line.len() - line.trim_start().len()]),
             };
             match guides.last_mut() {
                 Some((_, blocks)) => blocks.push(block),
@@ -52,6 +51,21 @@ fn readme_guides() -> (Vec<Block>, Vec<(String, Vec<Block>)>) {
         }
     }
     (intro, guides)
+}
+
+/// The lines of a code block up to its closing fence, less the fence's indentation.
+fn fenced_code<'a>(lines: &mut impl Iterator<Item = &'a str>, indent: &str) -> String {
+    let mut code = String::new();
+    loop {
+        let line = lines
+            .next()
+            .expect("a code block of the guides is not closed");
+        if line.trim_start() == "```" {
+            return code;
+        }
+        code.push_str(line.strip_prefix(indent).unwrap_or(line));
+        code.push('\n');
+    }
 }
 
 fn repo() -> PathBuf {
@@ -82,6 +96,19 @@ impl Places {
     }
 
     fn substitute(&self, code: &str) -> String {
+        let ours = self._dir.path().to_string_lossy();
+        assert!(
+            ["/data/zarr", "/mnt/zarr", "/tmp/guide"]
+                .iter()
+                .all(|p| !ours.contains(p)),
+            "the temporary directory {ours} holds a path the README uses"
+        );
+        // The examples run the tests' own build (`cargo run` in the profile of the tests).
+        let code = if cfg!(debug_assertions) {
+            code.to_string()
+        } else {
+            code.replace("cargo run ", "cargo run --release ")
+        };
         code.replace("/data/zarr", self.data.to_str().unwrap())
             .replace("/mnt/zarr", self.mnt.to_str().unwrap())
             .replace("/tmp/guide", self.scratch.to_str().unwrap())
@@ -166,7 +193,7 @@ fn run_guide(title: &str, arrays: &[&str]) -> Places {
     }
     assert!(is_mounted(&places.mnt), "the opening block mounts");
     let stats = mount_stats(&places.mnt);
-    for counter in ["write_errors", "panics", "pending_shards"] {
+    for counter in ["write_errors", "panics", "pending_shards", "refusals"] {
         assert_eq!(stats[counter], 0, "{counter} after the guide: {stats}");
     }
     let verify = shardfs_timeout(&["verify", places.data.to_str().unwrap()], LIMIT);

@@ -141,3 +141,49 @@ fn a_read_of_a_damaged_shard_names_the_shard_and_verify() {
     );
     assert_ok(&m.unmount(&[]), "unmount");
 }
+
+#[test]
+fn chunks_for_a_damaged_shard_wait_and_flush_names_it_with_the_fix() {
+    let (_d, backing, _) = dirs();
+    let (m, a) = mount_with_array(&backing, &["--chunks-per-shard", "2"]);
+    for (i, j) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
+        write_chunk(&a, i, j, 3).unwrap();
+    }
+    assert_ok(&m.unmount(&[]), "unmount");
+    let shard = backing.join("a/c/0/0");
+    let mut bytes = fs::read(&shard).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    fs::write(&shard, &bytes).unwrap();
+    let (m, a) = mount_with_array(&backing, &["--idle-flush", "600"]);
+    // A new chunk of the damaged shard is taken, and waits: merging it would drop what
+    // the shard still holds.
+    write_chunk(&a, 0, 0, 9).unwrap();
+    let mnt = m.mountpoint.to_str().unwrap();
+    let out = common::mount::shardfs_timeout(&["flush", mnt], LIMIT);
+    assert_eq!(out.status.code(), Some(1), "flush of a damaged shard");
+    let said = common::stderr(&out) + &common::stdout(&out);
+    assert!(
+        said.contains(&shard.display().to_string()) && said.contains("Fix: run shardfs verify"),
+        "{said}"
+    );
+    refusal_line(&m, &shard, "EIO", "run shardfs verify");
+    assert_eq!(
+        fs::read(&shard).unwrap(),
+        bytes,
+        "the damaged shard is left alone"
+    );
+    assert_eq!(
+        fs::read(a.join("c/0/0")).unwrap(),
+        [9; 16],
+        "the chunk waits"
+    );
+    // Removing the damaged shard lets the chunk land.
+    fs::remove_file(&shard).unwrap();
+    assert_ok(
+        &common::mount::shardfs_timeout(&["flush", mnt], LIMIT),
+        "flush",
+    );
+    assert_ok(&m.unmount(&[]), "unmount");
+    assert!(fs::metadata(&shard).unwrap().len() > 16);
+}

@@ -31,8 +31,6 @@ pub enum FsError {
     NotPermitted(&'static str),
     #[error("the file changed while it was being read; try again")]
     Changed,
-    #[error("busy: {0}")]
-    Busy(String),
     /// A conditional write found a version other than the one it read: read and retry.
     #[error("{0} was changed by another writer meanwhile")]
     Conflict(String),

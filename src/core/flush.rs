@@ -233,6 +233,7 @@ impl ShardFs {
             let result = self.contain("writing a file at unmount", || self.flush_temp(&rel, &file));
             let result = result.unwrap_or_else(|| Err(internal_error()));
             if let Err(e) = result {
+                self.refusals.note_error(&e);
                 failed.push(format!("{}: {e}", self.backing.path(&rel).display()));
             }
         }
@@ -241,6 +242,7 @@ impl ShardFs {
                 continue;
             }
             if let Err(e) = self.write_pending(&p, WriteMode::Everything) {
+                self.refusals.note_error(&e);
                 let shard = self.shards.describe(&p.array.shard_rel(&p.shard));
                 failed.push(format!("{shard}: {e}"));
             }

@@ -111,7 +111,7 @@ pub struct ShardFs {
     /// local mirror of it (`store::mirror`).
     pub(crate) published: Option<Arc<dyn crate::store::Store>>,
     /// Where refused requests are logged, and counted.
-    pub refusals: refusal::RefusalLog,
+    pub refusals: Arc<refusal::RefusalLog>,
 }
 
 /// Orders the changes of pending chunks against the few operations during which none may
@@ -168,13 +168,14 @@ impl ShardFs {
         daemon: DaemonInfo,
         config: WriteConfig,
     ) -> ShardFs {
+        let refusals = Arc::new(refusal::RefusalLog::new(daemon.mountpoint.clone()));
         ShardFs {
-            refusals: refusal::RefusalLog::new(daemon.mountpoint.clone()),
+            shards: ShardRegistry::new(config.index_cache, store, store_is_backing, &refusals),
+            refusals,
             backing,
             inodes: InodeTable::new(),
             classifier: Classifier::default(),
             handles: HandleTable::default(),
-            shards: ShardRegistry::new(config.index_cache, store, store_is_backing),
             temps: TempNames::default(),
             config,
             daemon,

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tracing::warn;
@@ -137,7 +137,8 @@ impl Rule {
                  and rename it over"
             }
             Rule::ObjectStoreInPlaceChange => {
-                "write a new file and rename it over the old one, or copy instead of linking"
+                "write a new file and rename it over the old one, and copy instead of \
+                 linking; links and special files are not kept in object stores"
             }
             Rule::ObjectStoreDirectoryRename => {
                 "copy the tree and remove the old one (mv does this by itself on EXDEV)"
@@ -153,6 +154,9 @@ pub struct Refusal {
     pub file: PathBuf,
     pub rule: Rule,
     pub detail: String,
+    /// Logged and counted already: the same refusal may pass several places that note
+    /// refusals (a shard write booked as failed, then the request that asked for it).
+    noted: AtomicBool,
 }
 
 impl Refusal {
@@ -161,33 +165,44 @@ impl Refusal {
             file: file.to_path_buf(),
             rule,
             detail: detail.into(),
+            noted: AtomicBool::new(false),
         }
     }
 }
 
+/// What a client's error message, `shardfs flush` or `stats` shows after the file: what
+/// was wrong and what to do.
 impl fmt::Display for Refusal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.file.display(), self.detail)
+        write!(f, "{}. Fix: {}", self.detail, self.rule.fix())
     }
 }
 
-/// How long a (file, rule) pair stays quiet after its line.
+/// How long refusals of one rule in one directory stay quiet after their line.
 const QUIET_FOR: Duration = Duration::from_secs(60);
-/// Pairs remembered at most: a client naming endless bad files cannot grow it, nor the log
-/// past this many lines a minute.
+/// (directory, rule) pairs remembered at most, so that a client naming endless bad files
+/// grows neither the memory nor the log past this many lines a minute.
 const REMEMBERED: usize = 1024;
 
-/// Logs each refusal in one line: where (the path in the mount), the errno, what was wrong,
-/// the rule and the fix. A client retrying in a loop gets one line a minute per file and
-/// rule.
+/// When a pair was last logged, and how many of its refusals were not logged since.
+#[derive(Debug)]
+struct Quiet {
+    logged: Instant,
+    since: u64,
+}
+
+/// Logs refusals, each in one line: where (the path in the mount), the errno, what was
+/// wrong, the rule and the fix. Within a minute, further refusals of the same rule in the
+/// same directory (a writer with the wrong chunk shape, a reader of a damaged shard) are
+/// counted, and the next line says how many there were.
 #[derive(Debug, Default)]
 pub struct RefusalLog {
     mountpoint: PathBuf,
-    recent: Mutex<HashMap<(PathBuf, Rule), Instant>>,
+    recent: Mutex<HashMap<(PathBuf, Rule), Quiet>>,
     /// Refusals so far, logged or not (`shardfs stats`).
     pub count: AtomicU64,
-    /// Refusals not logged because the log was full of recent ones.
-    suppressed: AtomicU64,
+    /// Refusals not logged because the table was full of recent pairs.
+    overflow: AtomicU64,
 }
 
 impl RefusalLog {
@@ -198,19 +213,32 @@ impl RefusalLog {
         }
     }
 
-    pub fn note(&self, r: &Refusal, errno_name: &str) {
-        self.count.fetch_add(1, Ordering::Relaxed);
-        if !self.due(r) {
+    /// Notes `e` when it is a refusal not noted yet.
+    pub fn note_error(&self, e: &super::FsError) {
+        if let super::FsError::Refused(r) = e {
+            self.note(r);
+        }
+    }
+
+    pub fn note(&self, r: &Refusal) {
+        if r.noted.swap(true, Ordering::Relaxed) {
             return;
         }
-        let suppressed = self.suppressed.swap(0, Ordering::Relaxed);
-        let more = if suppressed > 0 {
-            format!(" ({suppressed} other refusals not logged)")
-        } else {
-            String::new()
+        self.count.fetch_add(1, Ordering::Relaxed);
+        let Some(since) = self.due(r) else {
+            return;
         };
+        let overflow = self.overflow.swap(0, Ordering::Relaxed);
+        let mut more = String::new();
+        if since > 0 {
+            more.push_str(&format!(" ({since} more like it in the last minute)"));
+        }
+        if overflow > 0 {
+            more.push_str(&format!(" ({overflow} other refusals not logged)"));
+        }
+        let errno = crate::errno::errno_name(crate::errno::ToErrno::to_errno(&r.rule));
         warn!(
-            "{}: refused ({errno_name}): {}. Rule: {}. Fix: {}.{more}",
+            "{}: refused ({errno}): {}. Rule: {}. Fix: {}.{more}",
             self.shown(&r.file).display(),
             r.detail,
             r.rule.text(),
@@ -218,26 +246,37 @@ impl RefusalLog {
         );
     }
 
-    /// Whether the pair has not been logged in the last `QUIET_FOR`.
-    fn due(&self, r: &Refusal) -> bool {
+    /// Whether `r` is to be logged now, with the count of its pair's refusals not logged
+    /// since the pair's last line.
+    fn due(&self, r: &Refusal) -> Option<u64> {
         let now = Instant::now();
         let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
-        let key = (r.file.clone(), r.rule);
-        if recent
-            .get(&key)
-            .is_some_and(|t| now.duration_since(*t) < QUIET_FOR)
-        {
-            return false;
+        let dir = r.file.parent().unwrap_or(&r.file).to_path_buf();
+        let key = (dir, r.rule);
+        if let Some(q) = recent.get_mut(&key) {
+            if now.duration_since(q.logged) < QUIET_FOR {
+                q.since += 1;
+                return None;
+            }
+            let since = std::mem::take(&mut q.since);
+            q.logged = now;
+            return Some(since);
         }
         if recent.len() >= REMEMBERED {
-            recent.retain(|_, t| now.duration_since(*t) < QUIET_FOR);
+            recent.retain(|_, q| now.duration_since(q.logged) < QUIET_FOR);
             if recent.len() >= REMEMBERED {
-                self.suppressed.fetch_add(1, Ordering::Relaxed);
-                return false;
+                self.overflow.fetch_add(1, Ordering::Relaxed);
+                return None;
             }
         }
-        recent.insert(key, now);
-        true
+        recent.insert(
+            key,
+            Quiet {
+                logged: now,
+                since: 0,
+            },
+        );
+        Some(0)
     }
 
     fn shown(&self, file: &Path) -> PathBuf {
@@ -255,18 +294,40 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_pair_is_logged_once_a_minute_and_the_memory_is_bounded() {
+    fn a_directory_and_rule_log_once_a_minute_and_the_memory_is_bounded() {
         let log = RefusalLog::new(PathBuf::from("/mnt"));
-        let r = Refusal::new(Path::new("a/c/9"), Rule::NotAChunkKey, "outside");
-        assert!(log.due(&r));
-        assert!(!log.due(&r), "the same pair again is quiet");
-        let other = Refusal::new(Path::new("a/c/9"), Rule::TooBig, "big");
-        assert!(log.due(&other), "another rule for the file is logged");
+        let r = |file: &str, rule| Refusal::new(Path::new(file), rule, "x");
+        assert_eq!(log.due(&r("a/c/9/9", Rule::NotAChunkKey)), Some(0));
+        assert_eq!(log.due(&r("a/c/9/9", Rule::NotAChunkKey)), None, "quiet");
+        assert_eq!(
+            log.due(&r("a/c/9/8", Rule::NotAChunkKey)),
+            None,
+            "same directory"
+        );
+        assert_eq!(
+            log.due(&r("a/c/9/9", Rule::TooBig)),
+            Some(0),
+            "another rule"
+        );
+        assert_eq!(
+            log.due(&r("a/c/8/9", Rule::NotAChunkKey)),
+            Some(0),
+            "another directory"
+        );
         for i in 0..REMEMBERED {
-            log.due(&Refusal::new(Path::new(&format!("f{i}")), Rule::TooBig, ""));
+            log.due(&r(&format!("d{i}/f"), Rule::TooBig));
         }
         assert!(log.recent.lock().unwrap().len() <= REMEMBERED);
-        assert!(log.suppressed.load(Ordering::Relaxed) > 0);
+        assert!(log.overflow.load(Ordering::Relaxed) > 0);
+    }
+
+    #[test]
+    fn a_refusal_is_counted_once_and_shown_where_it_is() {
+        let log = RefusalLog::new(PathBuf::from("/mnt"));
+        let refused = Refusal::new(Path::new("a/c/9"), Rule::NotAChunkKey, "outside");
+        log.note(&refused);
+        log.note(&refused);
+        assert_eq!(log.count.load(Ordering::Relaxed), 1);
         assert_eq!(log.shown(Path::new("a/b")), PathBuf::from("/mnt/a/b"));
         assert_eq!(
             log.shown(Path::new("/data/a/c/0")),

@@ -64,6 +64,8 @@ pub struct ShardRegistry {
     /// `store` is BACKING itself: shards are files beside the journal, so a body can be
     /// renamed into place and a file synced.
     store_is_backing: bool,
+    /// Refused shard writes (a merge into a damaged shard) are logged when booked.
+    refusals: Arc<crate::core::refusal::RefusalLog>,
 }
 
 #[derive(Debug)]
@@ -175,10 +177,12 @@ impl ShardRegistry {
         cache_limit: u64,
         store: Arc<dyn crate::store::Store>,
         store_is_backing: bool,
+        refusals: &Arc<crate::core::refusal::RefusalLog>,
     ) -> ShardRegistry {
         ShardRegistry {
             store,
             store_is_backing,
+            refusals: refusals.clone(),
             slots: Mutex::default(),
             stats: Stats::default(),
             pending_bytes: AtomicI64::new(0),
@@ -237,10 +241,11 @@ impl ShardRegistry {
             drop(old);
             std::thread::yield_now();
         }
-        Err(FsError::Busy(format!(
-            "{}: chunks of the array's earlier layout are still pending",
-            array.rel.display()
-        )))
+        Err(FsError::refused(
+            &array.rel.join(crate::zarr::METADATA_FILE),
+            crate::core::refusal::Rule::LayoutChangeWhilePending,
+            "chunks of the array's earlier layout are still pending and keep being written",
+        ))
     }
 
     /// Makes fsync go through `journal` from now on.

@@ -199,7 +199,11 @@ impl ShardRegistry {
             Err(e) => {
                 Stats::add(&self.stats.write_errors, 1);
                 let rel = slot.array.shard_rel(&slot.shard);
-                warn!(shard = %self.describe(&rel), "shard write failed, data kept in memory: {e}");
+                match &e {
+                    FsError::Refused(r) => self.refusals.note(r),
+                    _ => warn!(shard = %self.describe(&rel),
+                        "shard write failed, data kept in memory: {e}"),
+                }
                 lock(&slot.state).failure = Some(Failure {
                     errno: e.to_errno(),
                     message: e.to_string(),
