@@ -254,7 +254,6 @@ fn detach(mountpoint: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// The daemon proper: mounts, reports through `ready`, serves until unmounted.
 /// The core of an object-store mount: the store opened, its tree mirrored into the cache
 /// `backing`, shards read and written in the store, the rest published to it.
 fn object_core(
@@ -285,6 +284,7 @@ fn object_core(
     )
 }
 
+/// The daemon proper: mounts, reports through `ready`, serves until unmounted.
 pub fn run_foreground(config: &MountConfig, ready: Option<OwnedFd>) -> Result<(), DaemonError> {
     let mut ready = ready.map(fs::File::from);
     let mut report = |msg: &str| {
@@ -310,52 +310,18 @@ pub fn run_foreground(config: &MountConfig, ready: Option<OwnedFd>) -> Result<()
         status_file: status_file.clone(),
         mountpoint: config.mountpoint.clone(),
     };
-    let local = Backing::new(backing.clone()).map_err(io_err(&backing))?;
-    let core = match &config.object_url {
-        None => ShardFs::with_config(local, daemon, config.write.clone()),
-        Some(url) => match object_core(url, &backing, local, daemon, config) {
-            Ok(core) => core,
-            Err(e) => {
-                report(&e.to_string());
-                return Err(e);
-            }
-        },
+    let core = match live_core(config, &backing, daemon) {
+        Ok(core) => core,
+        Err(e) => {
+            report(&e.to_string());
+            return Err(e);
+        }
     };
-    let core = Arc::new(if config.write.journal {
-        core.with_journal()
-            .map_err(io_err(&backing.join(JOURNAL_DIR)))?
-    } else {
-        core
-    });
-    // Before going live: what mounts that died had made durable goes into its shards.
-    if let Err(e) = core.replay_journals() {
-        let e = io_err(&backing.join(JOURNAL_DIR))(std::io::Error::other(e.to_string()));
-        report(&format!("journal replay failed: {e}"));
-        return Err(e);
-    }
-    let mut fuse_config = Config::default();
-    fuse_config.mount_options = vec![
-        MountOption::FSName(format!(
-            "shardfs:{}",
-            config
-                .object_url
-                .clone()
-                .unwrap_or_else(|| backing.display().to_string())
-        )),
-        MountOption::Subtype("shardfs".into()),
-        MountOption::DefaultPermissions,
-        MountOption::NoAtime,
-    ];
-    if config.allow_other {
-        fuse_config.acl = SessionACL::All;
-    }
-    fuse_config.n_threads = Some(config.threads.max(1));
-    fuse_config.clone_fd = true;
     let notifier = Arc::new(std::sync::OnceLock::new());
     let session = match Session::new(
         FuseAdapter::new(core.clone(), notifier.clone(), config.max_request_kb * 1024),
         &config.mountpoint,
-        &fuse_config,
+        &fuse_config(config, &backing),
     ) {
         Ok(s) => s,
         Err(e) => {
@@ -367,37 +333,8 @@ pub fn run_foreground(config: &MountConfig, ready: Option<OwnedFd>) -> Result<()
     if config.read_ahead_kb > 0 {
         raise_readahead(&config.mountpoint, config.read_ahead_kb);
     }
-    let mountpoint = config.mountpoint.clone();
-    std::thread::Builder::new()
-        .name("signals".into())
-        .spawn(move || {
-            let mut sig = 0;
-            // SAFETY: `signals` is an initialised set; `sig` receives the signal number.
-            while unsafe { libc::sigwait(&signals, &mut sig) } == 0 {
-                info!(signal = sig, "signal received: unmounting");
-                if let Err(e) = detach(&mountpoint) {
-                    error!("could not unmount {}: {e}", mountpoint.display());
-                }
-            }
-        })
-        .map_err(io_err(Path::new("signal thread")))?;
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let flusher = {
-        let (core, stop) = (core.clone(), stop.clone());
-        let tick =
-            (config.write.idle_flush / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
-        std::thread::Builder::new()
-            .name("flusher".into())
-            .spawn(move || {
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    std::thread::park_timeout(tick);
-                    if !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                        core.contain("the background flusher", || core.tick());
-                    }
-                }
-            })
-            .map_err(io_err(Path::new("flusher thread")))?
-    };
+    unmount_on_signals(config.mountpoint.clone(), signals)?;
+    let flusher = Flusher::start(core.clone(), config.write.idle_flush)?;
     info!(
         backing = %backing.display(),
         mountpoint = %config.mountpoint.display(),
@@ -416,11 +353,116 @@ pub fn run_foreground(config: &MountConfig, ready: Option<OwnedFd>) -> Result<()
         }
         r => r,
     };
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    flusher.thread().unpark();
-    let _ = flusher.join();
-    // Whatever is still pending is written now; failures are retried for a while (the
-    // disk may be freed), then named in the status file.
+    flusher.stop();
+    finish(&core, result, &status_file, &config.mountpoint)
+}
+
+/// The core that serves the mount: over BACKING or an object store, with its journal,
+/// and what mounts that died had made durable already in its shards.
+fn live_core(
+    config: &MountConfig,
+    backing: &Path,
+    daemon: DaemonInfo,
+) -> Result<Arc<ShardFs>, DaemonError> {
+    let local = Backing::new(backing.to_path_buf()).map_err(io_err(backing))?;
+    let core = match &config.object_url {
+        None => ShardFs::with_config(local, daemon, config.write.clone()),
+        Some(url) => object_core(url, backing, local, daemon, config)?,
+    };
+    let core = Arc::new(if config.write.journal {
+        core.with_journal()
+            .map_err(io_err(&backing.join(JOURNAL_DIR)))?
+    } else {
+        core
+    });
+    // Before going live: what mounts that died had made durable goes into its shards.
+    if let Err(e) = core.replay_journals() {
+        let e = std::io::Error::other(format!("journal replay failed: {e}"));
+        return Err(io_err(&backing.join(JOURNAL_DIR))(e));
+    }
+    Ok(core)
+}
+
+fn fuse_config(config: &MountConfig, backing: &Path) -> Config {
+    let mut fuse_config = Config::default();
+    let source = config
+        .object_url
+        .clone()
+        .unwrap_or_else(|| backing.display().to_string());
+    fuse_config.mount_options = vec![
+        MountOption::FSName(format!("shardfs:{source}")),
+        MountOption::Subtype("shardfs".into()),
+        MountOption::DefaultPermissions,
+        MountOption::NoAtime,
+    ];
+    if config.allow_other {
+        fuse_config.acl = SessionACL::All;
+    }
+    fuse_config.n_threads = Some(config.threads.max(1));
+    fuse_config.clone_fd = true;
+    fuse_config
+}
+
+/// SIGINT and SIGTERM (blocked in every thread) unmount, which ends the session the clean
+/// way.
+fn unmount_on_signals(mountpoint: PathBuf, signals: libc::sigset_t) -> Result<(), DaemonError> {
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let mut sig = 0;
+            // SAFETY: `signals` is an initialised set; `sig` receives the signal number.
+            while unsafe { libc::sigwait(&signals, &mut sig) } == 0 {
+                info!(signal = sig, "signal received: unmounting");
+                if let Err(e) = detach(&mountpoint) {
+                    error!("could not unmount {}: {e}", mountpoint.display());
+                }
+            }
+        })
+        .map_err(io_err(Path::new("signal thread")))?;
+    Ok(())
+}
+
+/// The background flusher: idle shards, idle files and memory pressure, a few times per
+/// idle period.
+struct Flusher {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Flusher {
+    fn start(core: Arc<ShardFs>, idle_flush: Duration) -> Result<Flusher, DaemonError> {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        let tick = (idle_flush / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
+        let thread = std::thread::Builder::new()
+            .name("flusher".into())
+            .spawn(move || {
+                while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::thread::park_timeout(tick);
+                    if !stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                        core.contain("the background flusher", || core.tick());
+                    }
+                }
+            })
+            .map_err(io_err(Path::new("flusher thread")))?;
+        Ok(Flusher { stop, thread })
+    }
+
+    fn stop(self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.thread().unpark();
+        let _ = self.thread.join();
+    }
+}
+
+/// After the session: whatever is still pending is written now; failures are retried for
+/// a while (the disk may be freed), then named in the status file and the log.
+fn finish(
+    core: &ShardFs,
+    result: io::Result<()>,
+    status_file: &Path,
+    mountpoint: &Path,
+) -> Result<(), DaemonError> {
     let flush = || {
         core.contain("the final flush", || core.flush_all())
             .unwrap_or_else(|| {
@@ -452,12 +494,12 @@ pub fn run_foreground(config: &MountConfig, ready: Option<OwnedFd>) -> Result<()
         (Err(e), true) => format!("session ended with an error: {e}\n"),
     };
     info!("unmounted: {}", status.trim());
-    if let Err(e) = write_private(&status_file, status.as_bytes()) {
+    if let Err(e) = write_private(status_file, status.as_bytes()) {
         error!("status file {} not written: {e}", status_file.display());
     }
     match (result, failed.is_empty()) {
         (Ok(()), true) => Ok(()),
-        (Err(e), _) => Err(io_err(&config.mountpoint)(e)),
+        (Err(e), _) => Err(io_err(mountpoint)(e)),
         (Ok(()), false) => Err(DaemonError::Unclean(status.trim().to_string())),
     }
 }

@@ -583,9 +583,8 @@ impl ShardFs {
         let info = self.node(ino)?;
         let truncate = writable && flags & libc::O_TRUNC != 0;
         let mut handle = FileHandle::new(ino, writable);
-        let mut keep_cache = true;
-        let mut direct_io = false;
-        match &info.kind {
+        // Whether the kernel may keep pages between opens, and whether reads bypass it.
+        let (keep_cache, direct_io) = match &info.kind {
             NodeKind::File
                 if writable && info.rel.file_name() == Some(OsStr::new(METADATA_FILE)) =>
             {
@@ -600,49 +599,15 @@ impl ShardFs {
                     ))
                 };
                 handle.mark_dirty(&self.start_temp(&info, content));
-                keep_cache = false;
+                (false, false)
             }
-            NodeKind::File => {
-                let how = OpenMode {
-                    read: flags & libc::O_ACCMODE != libc::O_WRONLY,
-                    write: writable,
-                    truncate,
-                    append: flags & libc::O_APPEND != 0,
-                    create_new: None,
-                };
-                if writable {
-                    // A file changed in place could not be published whole.
-                    self.pass_through_allowed(&info.rel, "a write in place")?;
-                }
-                let file = self.backing.open_file(&info.rel, how)?;
-                // Several names, several inodes to the kernel: no page cache kept between
-                // opens, or a change through another name would not show.
-                keep_cache = file.metadata()?.nlink() <= 1;
-                handle.backing = Some(file);
-            }
+            NodeKind::File => (self.open_backing_file(&info, flags, &mut handle)?, false),
             NodeKind::ArrayMeta(_) | NodeKind::GroupMeta(_) => {
-                let view = match &info.kind {
-                    NodeKind::ArrayMeta(array) => array.view_json.clone(),
-                    NodeKind::GroupMeta(group) => group.json.clone(),
-                    _ => unreachable!("matched above"),
-                };
-                if writable {
-                    // Written as the view it shows; committed (translated back) at FLUSH.
-                    let content = if truncate {
-                        FileData::default()
-                    } else {
-                        FileData::from_bytes(view)
-                    };
-                    handle.mark_dirty(&self.start_temp(&info, content));
-                    keep_cache = false;
-                } else {
-                    handle.bytes = Some(view);
-                }
+                (self.open_document(&info, truncate, &mut handle), false)
             }
             NodeKind::Control => {
                 handle.bytes = Some(self.control_json());
-                keep_cache = false;
-                direct_io = true;
+                (false, true)
             }
             NodeKind::Temp(file) => {
                 if truncate {
@@ -653,30 +618,11 @@ impl ShardFs {
                     // A writer from open to FLUSH: the content is not final meanwhile.
                     handle.mark_dirty(file);
                 }
+                (true, false)
             }
             NodeKind::Chunk { array, coords } => {
-                if writable {
-                    let target =
-                        self.shards
-                            .open_for_write(&self.backing, array, coords, truncate)?;
-                    handle.mark_dirty(&target);
-                    handle
-                        .as_chunk
-                        .store(true, std::sync::atomic::Ordering::Relaxed);
-                } else {
-                    match self.shards.chunk(&self.backing, array, coords)? {
-                        ChunkData::Absent => return Err(FsError::NotFound),
-                        ChunkData::Stored(c) => *lock(&handle.stored) = Some(c),
-                        ChunkData::Pending(_) => {}
-                        ChunkData::Damaged { shard, reason, .. } => {
-                            return Err(FsError::damaged_shard(
-                                &array.chunk_rel(coords),
-                                &shard,
-                                &reason,
-                            ));
-                        }
-                    }
-                }
+                self.open_chunk(array, coords, truncate, &mut handle)?;
+                (true, false)
             }
             NodeKind::Dir | NodeKind::ArrayDir(_) | NodeKind::ChunkDir { .. } => {
                 return Err(FsError::IsDir);
@@ -684,12 +630,95 @@ impl ShardFs {
             NodeKind::Symlink | NodeKind::Other => {
                 return Err(FsError::Unsupported("opening a special file"));
             }
-        }
+        };
         Ok(Opened {
             fh: self.handles.insert(Handle::File(handle)),
             keep_cache,
             direct_io,
         })
+    }
+
+    /// Opens a BACKING file by descriptor; returns whether the kernel may keep its pages.
+    fn open_backing_file(
+        &self,
+        info: &NodeInfo,
+        flags: i32,
+        handle: &mut FileHandle,
+    ) -> Result<bool, FsError> {
+        let writable = handle.writable;
+        let how = OpenMode {
+            read: flags & libc::O_ACCMODE != libc::O_WRONLY,
+            write: writable,
+            truncate: writable && flags & libc::O_TRUNC != 0,
+            append: flags & libc::O_APPEND != 0,
+            create_new: None,
+        };
+        if writable {
+            // A file changed in place could not be published whole.
+            self.pass_through_allowed(&info.rel, "a write in place")?;
+        }
+        let file = self.backing.open_file(&info.rel, how)?;
+        // Several names, several inodes to the kernel: no page cache kept between opens,
+        // or a change through another name would not show.
+        let keep_cache = file.metadata()?.nlink() <= 1;
+        handle.backing = Some(file);
+        Ok(keep_cache)
+    }
+
+    /// Opens a translated document (an array's or group's `zarr.json`); returns whether
+    /// the kernel may keep its pages.
+    fn open_document(&self, info: &NodeInfo, truncate: bool, handle: &mut FileHandle) -> bool {
+        let view = match &info.kind {
+            NodeKind::ArrayMeta(array) => array.view_json.clone(),
+            NodeKind::GroupMeta(group) => group.json.clone(),
+            _ => Bytes::new(),
+        };
+        if !handle.writable {
+            handle.bytes = Some(view);
+            return true;
+        }
+        // Written as the view it shows; committed (translated back) at FLUSH.
+        let content = if truncate {
+            FileData::default()
+        } else {
+            FileData::from_bytes(view)
+        };
+        handle.mark_dirty(&self.start_temp(info, content));
+        false
+    }
+
+    /// Opens a chunk: for writing, its pending content (made from the stored chunk unless
+    /// truncated); for reading, where its bytes are now.
+    fn open_chunk(
+        &self,
+        array: &Arc<ArrayState>,
+        coords: &[u64],
+        truncate: bool,
+        handle: &mut FileHandle,
+    ) -> Result<(), FsError> {
+        if handle.writable {
+            let target = self
+                .shards
+                .open_for_write(&self.backing, array, coords, truncate)?;
+            handle.mark_dirty(&target);
+            handle
+                .as_chunk
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            return Ok(());
+        }
+        match self.shards.chunk(&self.backing, array, coords)? {
+            ChunkData::Absent => Err(FsError::NotFound),
+            ChunkData::Stored(c) => {
+                *lock(&handle.stored) = Some(c);
+                Ok(())
+            }
+            ChunkData::Pending(_) => Ok(()),
+            ChunkData::Damaged { shard, reason, .. } => Err(FsError::damaged_shard(
+                &array.chunk_rel(coords),
+                &shard,
+                &reason,
+            )),
+        }
     }
 
     /// Makes the file at `info` an in-memory file with `content` (a `zarr.json` opened for

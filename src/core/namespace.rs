@@ -40,6 +40,17 @@ enum Place {
     Extra(PathBuf),
 }
 
+/// One rename, resolved: what the old name is, and where the new one would go.
+struct Move<'a> {
+    src: NodeKind,
+    src_rel: PathBuf,
+    dst: Option<NodeKind>,
+    dst_rel: PathBuf,
+    place: Place,
+    from: (Ino, &'a OsStr),
+    to: (Ino, &'a OsStr),
+}
+
 /// The mode of a file or directory made through the mount: permission bits and the sticky
 /// bit as asked, never set-user-ID or set-group-ID (the daemon runs as root; such a bit
 /// would hand root's rights to whoever asked for it).
@@ -514,140 +525,152 @@ impl ShardFs {
         );
         let (dp, place, _shared) = self.place_held(newparent, newname)?;
         let sp = self.node(parent)?;
-        let src_rel = join_rel(&sp.rel, name);
-        let dst_rel = join_rel(&dp.rel, newname);
-        let src = self.resolve(&sp, name)?;
         let dst = match self.resolve(&dp, newname) {
             Ok(k) => Some(k),
             Err(FsError::NotFound) => None,
             Err(e) => return Err(e),
         };
-        if flags.noreplace && dst.is_some() {
+        let mv = Move {
+            src: self.resolve(&sp, name)?,
+            src_rel: join_rel(&sp.rel, name),
+            dst,
+            dst_rel: join_rel(&dp.rel, newname),
+            place,
+            from: (parent, name),
+            to: (newparent, newname),
+        };
+        if flags.noreplace && mv.dst.is_some() {
             return Err(FsError::Exists);
         }
-        if src_rel == dst_rel {
+        if mv.src_rel == mv.dst_rel {
             return Ok(());
         }
         if flags.exchange {
             return self.exchange(
-                &src,
-                &src_rel,
-                dst.as_ref(),
-                &place,
-                (parent, name),
-                (newparent, newname),
+                &mv.src,
+                &mv.src_rel,
+                mv.dst.as_ref(),
+                &mv.place,
+                mv.from,
+                mv.to,
             );
         }
         let src_ino = self.inodes.peek(parent, name);
-        let new_kind = match (&src, &place) {
-            (NodeKind::ChunkDir { .. }, _) | (_, Place::KeyDir(..)) => {
-                return Err(FsError::refused(
-                    &src_rel,
-                    Rule::KeyDirectoryMove,
-                    format!("a rename to {}", dst_rel.display()),
-                ));
-            }
-            (NodeKind::Dir | NodeKind::ArrayDir(_), _) if self.published.is_some() => {
-                // An object store renames nothing: mv copies and removes instead.
-                return Err(FsError::refused(
-                    &src_rel,
-                    Rule::ObjectStoreDirectoryRename,
-                    format!("a directory rename to {}", dst_rel.display()),
-                ));
-            }
-            (
-                NodeKind::Dir | NodeKind::ArrayDir(_),
-                Place::Plain(to) | Place::Extra(to) | Place::Temp(to),
-            ) => {
-                self.flush_below(&src_rel)?;
-                if let Some(dir) = to.parent() {
-                    self.backing.create_dir_all(dir)?;
-                }
-                self.backing.rename(&src_rel, to)?;
-                self.shards.forget_array(&src_rel);
-                self.temps.forget_below(&src_rel);
-                self.inodes.bump_generation();
-                self.resolve_path(to)?
-            }
-            (NodeKind::Dir | NodeKind::ArrayDir(_), _) => {
-                return Err(FsError::refused(
-                    &dst_rel,
-                    Rule::DirectoryAsFile,
-                    format!("a rename of the directory {} onto it", src_rel.display()),
-                ));
-            }
-            // A BACKING file staying a BACKING file: a plain rename.
-            (
-                NodeKind::File | NodeKind::Symlink | NodeKind::Other,
-                Place::Plain(to) | Place::Extra(to) | Place::Temp(to),
-            ) if !matches!(dst, Some(NodeKind::Temp(_))) && self.published.is_none() => {
-                if let Some(dir) = to.parent() {
-                    self.backing.create_dir_all(dir)?;
-                }
-                if let Some(d) = &dst {
-                    self.detach_name(newparent, newname, d, &dst_rel);
-                }
-                self.backing.rename(&src_rel, to)?;
-                src.clone()
-            }
-            (NodeKind::Symlink | NodeKind::Other, _) => {
-                return Err(FsError::refused(
-                    &src_rel,
-                    Rule::SpecialFileInArray,
-                    format!("a rename of a special file to {}", dst_rel.display()),
-                ));
-            }
-            (NodeKind::Control, _) => {
-                return Err(FsError::refused(
-                    &src_rel,
-                    Rule::ShardfsOwnFile,
-                    "a rename of the control file",
-                ));
-            }
-            // Everything else moves content: into a shard, memory, BACKING or metadata.
-            _ => {
-                let content = self.content_of(&src, &src_rel)?;
-                if let Some(d) = &dst {
-                    self.detach_name(newparent, newname, d, &dst_rel);
-                }
-                if let NodeKind::ArrayMeta(array) = &src {
-                    self.flush_array_at(&array.rel)?;
-                }
-                // The destination first: when it fails (a refused document, a full
-                // disk), the source is untouched.
-                let kind = self.put_content(&place, content)?;
-                self.remove_content(&src, &src_rel)?;
-                if let (NodeKind::File, Some(ino)) = (&src, src_ino) {
-                    self.handles.backing_moved(ino);
-                }
-                if let (NodeKind::Chunk { .. }, Some(ino)) = (&src, src_ino) {
-                    self.handles.chunk_moved(ino);
-                }
-                kind
-            }
-        };
+        let new_kind = self.move_name(&mv, src_ino)?;
         match src_ino {
-            Some(ino) => {
-                self.inodes
-                    .rename(ino, (parent, name), (newparent, newname), new_kind.clone())
-            }
+            Some(ino) => self.inodes.rename(ino, mv.from, mv.to, new_kind.clone()),
             None => {
                 self.inodes.detach(newparent, newname, None);
             }
         }
         // A chunk that left a shard, or arrived closed, may complete it.
         let mut result = Ok(());
-        if let NodeKind::Chunk { array, coords } = &src
-            && let Err(e) = self.complete_if_ready(array, coords, false)
-        {
-            result = Err(e);
-        }
-        if let NodeKind::Chunk { array, coords } = &new_kind
-            && let Err(e) = self.complete_if_ready(array, coords, false)
-        {
-            result = result.and(Err(e));
+        for kind in [&mv.src, &new_kind] {
+            if let NodeKind::Chunk { array, coords } = kind
+                && let Err(e) = self.complete_if_ready(array, coords, false)
+            {
+                result = result.and(Err(e));
+            }
         }
         result
+    }
+
+    /// Moves what `mv.src` names to its new place; returns what the new name is then.
+    fn move_name(&self, mv: &Move, src_ino: Option<Ino>) -> Result<NodeKind, FsError> {
+        self.check_movable(mv)?;
+        match (&mv.src, &mv.place) {
+            (
+                NodeKind::Dir | NodeKind::ArrayDir(_),
+                Place::Plain(to) | Place::Extra(to) | Place::Temp(to),
+            ) => self.move_dir(&mv.src_rel, to),
+            (
+                NodeKind::File | NodeKind::Symlink | NodeKind::Other,
+                Place::Plain(to) | Place::Extra(to) | Place::Temp(to),
+            ) if self.stays_in_backing(mv) => {
+                // A BACKING file staying a BACKING file: a plain rename.
+                if let Some(dir) = to.parent() {
+                    self.backing.create_dir_all(dir)?;
+                }
+                if let Some(d) = &mv.dst {
+                    self.detach_name(mv.to.0, mv.to.1, d, &mv.dst_rel);
+                }
+                self.backing.rename(&mv.src_rel, to)?;
+                Ok(mv.src.clone())
+            }
+            // Everything else moves content: into a shard, memory, BACKING or metadata.
+            _ => self.move_content(mv, src_ino),
+        }
+    }
+
+    /// A BACKING file renamed onto a plain name (not over a file held in memory) stays
+    /// where it is in BACKING; an object store's mirror publishes it anew instead.
+    fn stays_in_backing(&self, mv: &Move) -> bool {
+        !matches!(mv.dst, Some(NodeKind::Temp(_))) && self.published.is_none()
+    }
+
+    /// Refuses the renames that break a rule of the mount.
+    fn check_movable(&self, mv: &Move) -> Result<(), FsError> {
+        let plain_place = matches!(mv.place, Place::Plain(_) | Place::Extra(_) | Place::Temp(_));
+        let (rule, detail) = match &mv.src {
+            NodeKind::ChunkDir { .. } => (Rule::KeyDirectoryMove, "a rename"),
+            _ if matches!(mv.place, Place::KeyDir(..)) => (Rule::KeyDirectoryMove, "a rename"),
+            NodeKind::Dir | NodeKind::ArrayDir(_) if self.published.is_some() => {
+                // An object store renames nothing: mv copies and removes instead.
+                (Rule::ObjectStoreDirectoryRename, "a directory rename")
+            }
+            NodeKind::Dir | NodeKind::ArrayDir(_) if !plain_place => {
+                return Err(FsError::refused(
+                    &mv.dst_rel,
+                    Rule::DirectoryAsFile,
+                    format!("a rename of the directory {} onto it", mv.src_rel.display()),
+                ));
+            }
+            NodeKind::Symlink | NodeKind::Other if !(plain_place && self.stays_in_backing(mv)) => {
+                (Rule::SpecialFileInArray, "a rename of a special file")
+            }
+            NodeKind::Control => (Rule::ShardfsOwnFile, "a rename of the control file"),
+            _ => return Ok(()),
+        };
+        Err(FsError::refused(
+            &mv.src_rel,
+            rule,
+            format!("{detail} to {}", mv.dst_rel.display()),
+        ))
+    }
+
+    /// A directory (an array's, too) renamed to a plain name: what is pending below it is
+    /// written first, and what is known of it forgotten.
+    fn move_dir(&self, src_rel: &Path, to: &Path) -> Result<NodeKind, FsError> {
+        self.flush_below(src_rel)?;
+        if let Some(dir) = to.parent() {
+            self.backing.create_dir_all(dir)?;
+        }
+        self.backing.rename(src_rel, to)?;
+        self.shards.forget_array(src_rel);
+        self.temps.forget_below(src_rel);
+        self.inodes.bump_generation();
+        self.resolve_path(to)
+    }
+
+    /// Moves the content of `mv.src` to its new place (a chunk, a held file, BACKING or a
+    /// metadata document), the destination first: when that fails (a refused document, a
+    /// full disk), the source is untouched.
+    fn move_content(&self, mv: &Move, src_ino: Option<Ino>) -> Result<NodeKind, FsError> {
+        let content = self.content_of(&mv.src, &mv.src_rel)?;
+        if let Some(d) = &mv.dst {
+            self.detach_name(mv.to.0, mv.to.1, d, &mv.dst_rel);
+        }
+        if let NodeKind::ArrayMeta(array) = &mv.src {
+            self.flush_array_at(&array.rel)?;
+        }
+        let kind = self.put_content(&mv.place, content)?;
+        self.remove_content(&mv.src, &mv.src_rel)?;
+        match (&mv.src, src_ino) {
+            (NodeKind::File, Some(ino)) => self.handles.backing_moved(ino),
+            (NodeKind::Chunk { .. }, Some(ino)) => self.handles.chunk_moved(ino),
+            _ => {}
+        }
+        Ok(kind)
     }
 
     fn exchange(
