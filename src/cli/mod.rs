@@ -239,17 +239,16 @@ fn mount(args: MountArgs, argv: Vec<std::ffi::OsString>) -> ExitCode {
         .to_str()
         .filter(|b| crate::store::object::is_object_url(b))
         .map(str::to_string);
-    // file:///PATH is the directory PATH.
-    let local = match args
-        .backing
-        .to_str()
-        .and_then(|b| b.strip_prefix("file://"))
-    {
-        Some(path) => PathBuf::from(path),
-        None => args.backing.clone(),
-    };
     let backing = match (&url, &args.cache_dir) {
-        (None, _) => abs(&local),
+        // file:///PATH is the directory PATH.
+        (None, _) => match args
+            .backing
+            .to_str()
+            .and_then(|b| b.strip_prefix("file://"))
+        {
+            Some(path) => abs(Path::new(path)),
+            None => abs(&args.backing),
+        },
         (Some(_), Some(dir)) => std::path::absolute(dir).unwrap_or_else(|_| dir.clone()),
         (Some(url), None) => default_cache_dir(url),
     };
@@ -268,19 +267,7 @@ fn mount(args: MountArgs, argv: Vec<std::ffi::OsString>) -> ExitCode {
         allow_other: args.allow_other,
         read_ahead_kb: args.read_ahead_kb,
         max_request_kb: args.max_request_kb,
-        write: crate::core::WriteConfig {
-            policy: match &args.chunks_per_shard {
-                Some(cps) => crate::zarr::ShardPolicy::Explicit(cps.clone()),
-                None => crate::zarr::ShardPolicy::Auto {
-                    target_bytes: args.shard_target_bytes,
-                },
-            },
-            idle_flush: std::time::Duration::from_secs_f64(args.idle_flush.max(0.0)),
-            max_pending: args.max_pending_memory,
-            index_cache: args.index_cache_bytes,
-            journal: !args.no_journal,
-            max_journal: args.max_journal_bytes,
-        },
+        write: write_config(&args),
     };
     if !config.backing.is_dir() {
         eprintln!("shardfs: {} is not a directory", config.backing.display());
@@ -299,6 +286,23 @@ fn mount(args: MountArgs, argv: Vec<std::ffi::OsString>) -> ExitCode {
     // The daemon gets the same arguments, plus --foreground.
     let child_args: Vec<std::ffi::OsString> = argv.into_iter().skip(1).collect();
     report_daemon(spawn_daemon(&config, &child_args, &log_file))
+}
+
+/// How the mount writes, from its options.
+fn write_config(args: &MountArgs) -> crate::core::WriteConfig {
+    crate::core::WriteConfig {
+        policy: match &args.chunks_per_shard {
+            Some(cps) => crate::zarr::ShardPolicy::Explicit(cps.clone()),
+            None => crate::zarr::ShardPolicy::Auto {
+                target_bytes: args.shard_target_bytes,
+            },
+        },
+        idle_flush: std::time::Duration::from_secs_f64(args.idle_flush.max(0.0)),
+        max_pending: args.max_pending_memory,
+        index_cache: args.index_cache_bytes,
+        journal: !args.no_journal,
+        max_journal: args.max_journal_bytes,
+    }
 }
 
 /// The cache of an object store mounted without --cache-dir: one directory per URL.
@@ -328,22 +332,11 @@ fn init_logging() {
 }
 
 pub fn main() -> ExitCode {
-    let mut argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    let as_helper = argv
-        .first()
-        .and_then(|a| a.to_str())
-        .is_some_and(helper::started_as_helper);
-    if as_helper {
-        let given: Vec<String> = argv.iter().map(|a| a.to_string_lossy().into()).collect();
-        match helper::mount_args(&given) {
-            Ok(Some(args)) => argv = args.into_iter().map(Into::into).collect(),
-            Ok(None) => return ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("{}: {e}", helper::HELPER_NAME);
-                return ExitCode::from(2);
-            }
-        }
-    }
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let argv = match as_mount_helper(argv) {
+        Ok(argv) => argv,
+        Err(code) => return code,
+    };
     let cli = Cli::parse_from(argv.clone());
     let result = match cli.command {
         Command::Inspect { path, json } => inspect::run(&path, json),
@@ -358,46 +351,14 @@ pub fn main() -> ExitCode {
         Command::Unmount { mountpoint, lazy } => {
             return report_daemon(crate::daemon::unmount(&mountpoint, lazy));
         }
-        Command::InstallMountHelper { prefix } => {
-            return match helper::install(&prefix) {
-                Ok(link) => {
-                    println!("installed {}", link.display());
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("shardfs: {}: {e}", prefix.display());
-                    ExitCode::from(1)
-                }
-            };
-        }
+        Command::InstallMountHelper { prefix } => return install_mount_helper(&prefix),
         Command::Completions { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();
             clap_complete::generate(shell, &mut cmd, "shardfs", &mut std::io::stdout());
             return ExitCode::SUCCESS;
         }
-        Command::Man => {
-            let cmd = <Cli as clap::CommandFactory>::command();
-            return match clap_mangen::Man::new(cmd).render(&mut std::io::stdout()) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("shardfs: {e}");
-                    ExitCode::from(1)
-                }
-            };
-        }
-        Command::Flush { mountpoint, path } => {
-            return match crate::daemon::flush(&mountpoint, path.as_deref()) {
-                Ok(summary) => {
-                    println!("{summary}");
-                    ExitCode::SUCCESS
-                }
-                Err(e @ crate::daemon::DaemonError::Usage(_)) => {
-                    eprintln!("shardfs: {e}");
-                    ExitCode::from(2)
-                }
-                Err(e) => report_daemon(Err(e)),
-            };
-        }
+        Command::Man => return print_man(),
+        Command::Flush { mountpoint, path } => return flush(&mountpoint, path.as_deref()),
     };
     match result {
         Ok(Verdict::Sound) => ExitCode::SUCCESS,
@@ -406,5 +367,65 @@ pub fn main() -> ExitCode {
             eprintln!("shardfs: {e}");
             ExitCode::from(2)
         }
+    }
+}
+
+/// Run as `mount.fuse.shardfs` (by mount(8)), the helper's arguments become a `shardfs
+/// mount` command line; `Err` is the exit code when there is nothing to mount.
+fn as_mount_helper(argv: Vec<std::ffi::OsString>) -> Result<Vec<std::ffi::OsString>, ExitCode> {
+    let as_helper = argv
+        .first()
+        .and_then(|a| a.to_str())
+        .is_some_and(helper::started_as_helper);
+    if !as_helper {
+        return Ok(argv);
+    }
+    let given: Vec<String> = argv.iter().map(|a| a.to_string_lossy().into()).collect();
+    match helper::mount_args(&given) {
+        Ok(Some(args)) => Ok(args.into_iter().map(Into::into).collect()),
+        Ok(None) => Err(ExitCode::SUCCESS),
+        Err(e) => {
+            eprintln!("{}: {e}", helper::HELPER_NAME);
+            Err(ExitCode::from(2))
+        }
+    }
+}
+
+fn install_mount_helper(prefix: &Path) -> ExitCode {
+    match helper::install(prefix) {
+        Ok(link) => {
+            println!("installed {}", link.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("shardfs: {}: {e}", prefix.display());
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn print_man() -> ExitCode {
+    let cmd = <Cli as clap::CommandFactory>::command();
+    match clap_mangen::Man::new(cmd).render(&mut std::io::stdout()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("shardfs: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// `shardfs flush`: the summary line, 1 naming what was not written, 2 on usage errors.
+fn flush(mountpoint: &Path, path: Option<&Path>) -> ExitCode {
+    match crate::daemon::flush(mountpoint, path) {
+        Ok(summary) => {
+            println!("{summary}");
+            ExitCode::SUCCESS
+        }
+        Err(e @ crate::daemon::DaemonError::Usage(_)) => {
+            eprintln!("shardfs: {e}");
+            ExitCode::from(2)
+        }
+        Err(e) => report_daemon(Err(e)),
     }
 }

@@ -36,60 +36,16 @@ impl ShardFs {
                 self.settle_layout(dir, None)?;
                 bytes.to_vec()
             }
-            Ok(Node::Array(meta)) => {
-                if meta.codecs.iter().any(|c| c.name == SHARDING_CODEC) {
-                    return self.commit_as_written(dir, bytes);
-                }
-                let sharded = self.sharded_form(dir, &meta);
-                if let Ok(new) = &sharded {
-                    self.settle_layout(dir, Some(new))?;
-                }
-                match sharded {
-                    Ok(sharded) if self.array_at(dir)?.is_none() => {
-                        // Nothing new may appear in plain directories until the array
-                        // exists, so that every chunk file written before is imported.
-                        let _exclusive =
-                            self.plain_names.write().unwrap_or_else(|e| e.into_inner());
-                        self.import_plain_chunks(dir, &sharded)?;
-                        self.classifier.show_as_written(dir, false);
-                        let doc_bytes = Node::Array(sharded).to_json_bytes();
-                        self.write_whole(&doc, &[Bytes::from(doc_bytes)], true)?;
-                        self.inodes.bump_generation();
-                        return Ok(());
-                    }
-                    Ok(sharded) => Node::Array(sharded).to_json_bytes(),
-                    Err(e) if e.is_invalid_metadata() || matches!(e, LayoutError::Policy(_)) => {
-                        return Err(FsError::refused(
-                            &doc,
-                            Rule::InvalidArrayMetadata,
-                            e.to_string(),
-                        ));
-                    }
-                    Err(e) => {
-                        info!(file = %shown.display(), "stored unsharded, as written: {e}");
-                        self.settle_layout(dir, None)?;
-                        bytes.to_vec()
-                    }
-                }
-            }
+            Ok(Node::Array(meta)) => match self.array_document(dir, bytes, meta)? {
+                Some(stored) => stored,
+                None => return Ok(()),
+            },
             Ok(Node::Group(group)) => {
                 self.settle_layout(dir, None)?;
                 if group.consolidated_entries().is_none() {
                     bytes.to_vec()
                 } else {
-                    let (translated, refused) = translate_consolidated(&group, |path, a| {
-                        if a.codecs.iter().any(|c| c.name == SHARDING_CODEC) {
-                            return Err(LayoutError::AlreadySharded);
-                        }
-                        self.sharded_form(&dir.join(path), a)
-                    });
-                    for (path, e) in refused {
-                        if e != LayoutError::AlreadySharded {
-                            info!(file = %shown.display(), entry = %path,
-                                "consolidated entry stored as written: {e}");
-                        }
-                    }
-                    Node::Group(translated).to_json_bytes()
+                    self.consolidated_document(dir, &group)
                 }
             }
         };
@@ -100,6 +56,66 @@ impl ShardFs {
         // are decided again.
         self.inodes.bump_generation();
         Ok(())
+    }
+
+    /// What to store for an array's `dir/zarr.json` written as `bytes` (`meta`): its
+    /// sharded form, or the document as written when it shards itself or cannot be
+    /// sharded. `None` when it is stored already (a new array, its chunk files imported).
+    fn array_document(
+        &self,
+        dir: &Path,
+        bytes: &[u8],
+        meta: ArrayMetadata,
+    ) -> Result<Option<Vec<u8>>, FsError> {
+        let doc = dir.join(METADATA_FILE);
+        if meta.codecs.iter().any(|c| c.name == SHARDING_CODEC) {
+            return self.commit_as_written(dir, bytes).map(|()| None);
+        }
+        let sharded = self.sharded_form(dir, &meta);
+        if let Ok(new) = &sharded {
+            self.settle_layout(dir, Some(new))?;
+        }
+        match sharded {
+            Ok(sharded) if self.array_at(dir)?.is_none() => {
+                // Nothing new may appear in plain directories until the array exists, so
+                // that every chunk file written before is imported.
+                let _exclusive = self.plain_names.write().unwrap_or_else(|e| e.into_inner());
+                self.import_plain_chunks(dir, &sharded)?;
+                self.classifier.show_as_written(dir, false);
+                let doc_bytes = Node::Array(sharded).to_json_bytes();
+                self.write_whole(&doc, &[Bytes::from(doc_bytes)], true)?;
+                self.inodes.bump_generation();
+                Ok(None)
+            }
+            Ok(sharded) => Ok(Some(Node::Array(sharded).to_json_bytes())),
+            Err(e) if e.is_invalid_metadata() || matches!(e, LayoutError::Policy(_)) => Err(
+                FsError::refused(&doc, Rule::InvalidArrayMetadata, e.to_string()),
+            ),
+            Err(e) => {
+                info!(file = %self.backing.path(&doc).display(), "stored unsharded, as written: {e}");
+                self.settle_layout(dir, None)?;
+                Ok(Some(bytes.to_vec()))
+            }
+        }
+    }
+
+    /// A group's `zarr.json` with consolidated metadata: its array entries sharded as the
+    /// arrays are (entries that cannot be are kept as written).
+    fn consolidated_document(&self, dir: &Path, group: &crate::zarr::GroupMetadata) -> Vec<u8> {
+        let (translated, refused) = translate_consolidated(group, |path, a| {
+            if a.codecs.iter().any(|c| c.name == SHARDING_CODEC) {
+                return Err(LayoutError::AlreadySharded);
+            }
+            self.sharded_form(&dir.join(path), a)
+        });
+        let shown = self.backing.path(&dir.join(METADATA_FILE));
+        for (path, e) in refused {
+            if e != LayoutError::AlreadySharded {
+                info!(file = %shown.display(), entry = %path,
+                    "consolidated entry stored as written: {e}");
+            }
+        }
+        Node::Group(translated).to_json_bytes()
     }
 
     /// The sharded form of unsharded `meta` for the array at `dir`: with the chunks per
@@ -142,24 +158,9 @@ impl ShardFs {
     /// be the path of a shard, which then replaces it), the other chunk files removed, and
     /// only then the metadata stored. Directories on chunk-key paths stay visible.
     fn import_plain_chunks(&self, dir: &Path, sharded: &ArrayMetadata) -> Result<(), FsError> {
-        let Ok(Some(layout)) = ShardLayout::of(sharded) else {
+        let Some(array) = draft_array(dir, sharded) else {
             return Ok(());
         };
-        let Ok(view) = unsharded_view(sharded) else {
-            return Ok(());
-        };
-        let array = Arc::new(ArrayState {
-            rel: dir.to_path_buf(),
-            meta: sharded.clone(),
-            layout,
-            view_json: Bytes::from(Node::Array(view).to_json_bytes()),
-            meta_version: FileVersion {
-                ino: 0,
-                size: 0,
-                mtime_ns: 0,
-            },
-            meta_mtime: std::time::SystemTime::now(),
-        });
         let mut chunk_files = Vec::new();
         let mut key_dirs = Vec::new();
         self.collect_chunk_files(&array, dir, &KeyNode::Root, &mut chunk_files, &mut key_dirs)?;
@@ -173,42 +174,9 @@ impl ShardFs {
         // Moved aside first (the shards may need the paths), then taken in one shard at a
         // time, so that memory holds one shard's chunks, not the whole array's. If a shard
         // cannot be written, everything goes back as it was.
-        let staged = |rel: &Path| {
-            let name = rel.file_name().unwrap_or_default().to_string_lossy();
-            rel.with_file_name(format!(".{name}.shardfs-import"))
-        };
-        let mut by_shard: BTreeMap<Vec<u64>, Vec<(Vec<u64>, PathBuf)>> = BTreeMap::new();
-        for (coords, rel) in &chunk_files {
-            let shard = array.layout.locate(coords).shard;
-            by_shard
-                .entry(shard)
-                .or_default()
-                .push((coords.clone(), staged(rel)));
-        }
         let mut moved = Vec::new();
         let mut written = Vec::new();
-        let result = (|| {
-            for (_, rel) in &chunk_files {
-                self.backing.rename(rel, &staged(rel))?;
-                moved.push(rel.clone());
-            }
-            for (shard, chunks) in &by_shard {
-                for (coords, at) in chunks {
-                    let data = self
-                        .backing
-                        .read_at_most(at, MAX_FILE_BYTES)?
-                        .unwrap_or_default();
-                    let file =
-                        Arc::new(MemFile::new(FileData::from_bytes(Bytes::from(data)), 0o644));
-                    self.shards.charge(file.len() as i64);
-                    self.shards.put(&self.backing, &array, coords, file)?;
-                }
-                self.shards
-                    .write_shard(&self.backing, &array, shard, WriteMode::Replace)?;
-                written.push(array.shard_rel(shard));
-            }
-            Ok::<(), FsError>(())
-        })();
+        let result = self.shard_chunk_files(&array, &chunk_files, &mut moved, &mut written);
         if let Err(e) = result {
             for rel in &written {
                 let _ = self.backing.remove_file(rel);
@@ -225,7 +193,45 @@ impl ShardFs {
             self.backing.remove_file(&staged(rel))?;
         }
         info!(array = %self.backing.path(dir).display(), chunks = chunk_files.len(),
-            shards = by_shard.len(), "chunk files written before the metadata moved into shards");
+            shards = written.len(), "chunk files written before the metadata moved into shards");
+        Ok(())
+    }
+
+    /// Moves `chunk_files` aside (listed in `moved`) and writes them into their shards,
+    /// one shard at a time (listed in `written`).
+    fn shard_chunk_files(
+        &self,
+        array: &Arc<ArrayState>,
+        chunk_files: &[(Vec<u64>, PathBuf)],
+        moved: &mut Vec<PathBuf>,
+        written: &mut Vec<PathBuf>,
+    ) -> Result<(), FsError> {
+        let mut by_shard: BTreeMap<Vec<u64>, Vec<(Vec<u64>, PathBuf)>> = BTreeMap::new();
+        for (coords, rel) in chunk_files {
+            let shard = array.layout.locate(coords).shard;
+            by_shard
+                .entry(shard)
+                .or_default()
+                .push((coords.clone(), staged(rel)));
+        }
+        for (_, rel) in chunk_files {
+            self.backing.rename(rel, &staged(rel))?;
+            moved.push(rel.clone());
+        }
+        for (shard, chunks) in &by_shard {
+            for (coords, at) in chunks {
+                let data = self
+                    .backing
+                    .read_at_most(at, MAX_FILE_BYTES)?
+                    .unwrap_or_default();
+                let file = Arc::new(MemFile::new(FileData::from_bytes(Bytes::from(data)), 0o644));
+                self.shards.charge(file.len() as i64);
+                self.shards.put(&self.backing, array, coords, file)?;
+            }
+            self.shards
+                .write_shard(&self.backing, array, shard, WriteMode::Replace)?;
+            written.push(array.shard_rel(shard));
+        }
         Ok(())
     }
 
@@ -330,4 +336,28 @@ fn chunk_key_below(array: &ArrayState, dir: &Path, rel: &Path) -> Option<Vec<u64
         KeyNode::Chunk(coords) => Some(coords),
         _ => None,
     }
+}
+
+/// Where a chunk file written before its array's metadata waits while it is imported.
+fn staged(rel: &Path) -> PathBuf {
+    let name = rel.file_name().unwrap_or_default().to_string_lossy();
+    rel.with_file_name(format!(".{name}.shardfs-import"))
+}
+
+/// The array `sharded` would make of `dir`, before its metadata is stored.
+fn draft_array(dir: &Path, sharded: &ArrayMetadata) -> Option<Arc<ArrayState>> {
+    let layout = ShardLayout::of(sharded).ok().flatten()?;
+    let view = unsharded_view(sharded).ok()?;
+    Some(Arc::new(ArrayState {
+        rel: dir.to_path_buf(),
+        meta: sharded.clone(),
+        layout,
+        view_json: Bytes::from(Node::Array(view).to_json_bytes()),
+        meta_version: FileVersion {
+            ino: 0,
+            size: 0,
+            mtime_ns: 0,
+        },
+        meta_mtime: std::time::SystemTime::now(),
+    }))
 }

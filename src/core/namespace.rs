@@ -199,34 +199,7 @@ impl ShardFs {
             return Ok((attr, opened));
         }
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
-        let mut backing_file = None;
-        let kind = match place {
-            Place::Plain(rel) | Place::Extra(rel) => {
-                self.pass_through_allowed(&rel, "an open of an existing file")?;
-                backing_file = Some(self.backing.open_file(
-                    &rel,
-                    OpenMode {
-                        read: true,
-                        write: true,
-                        create_new: Some(new_mode(mode)),
-                        ..OpenMode::default()
-                    },
-                )?);
-                self.own(&rel, caller)?;
-                NodeKind::File
-            }
-            Place::Meta(dir) => self.new_temp(&dir.join(METADATA_FILE), mode),
-            Place::Temp(rel) => self.new_temp(&rel, mode),
-            // The pending chunk itself is made just below, with the writer's mark.
-            Place::Chunk(array, coords) => NodeKind::Chunk { array, coords },
-            Place::KeyDir(_, _, rel) => {
-                return Err(FsError::refused(
-                    &rel,
-                    Rule::FileAsKeyDirectory,
-                    "a file named like a key directory",
-                ));
-            }
-        };
+        let (kind, backing_file) = self.new_file(place, mode, caller)?;
         // A writer from creation to FLUSH: the content is not final meanwhile.
         let kind_is_chunk = matches!(kind, NodeKind::Chunk { .. });
         let written = self.write_target(&kind)?;
@@ -250,6 +223,44 @@ impl ShardFs {
                 direct_io: false,
             },
         ))
+    }
+
+    /// Makes the new file `place` names: a BACKING file (returned open), a file held in
+    /// memory, or a chunk (made pending by the caller).
+    fn new_file(
+        &self,
+        place: Place,
+        mode: u32,
+        caller: Caller,
+    ) -> Result<(NodeKind, Option<std::fs::File>), FsError> {
+        let kind = match place {
+            Place::Plain(rel) | Place::Extra(rel) => {
+                self.pass_through_allowed(&rel, "a file created in place")?;
+                let file = self.backing.open_file(
+                    &rel,
+                    OpenMode {
+                        read: true,
+                        write: true,
+                        create_new: Some(new_mode(mode)),
+                        ..OpenMode::default()
+                    },
+                )?;
+                self.own(&rel, caller)?;
+                return Ok((NodeKind::File, Some(file)));
+            }
+            Place::Meta(dir) => self.new_temp(&dir.join(METADATA_FILE), mode),
+            Place::Temp(rel) => self.new_temp(&rel, mode),
+            // The pending chunk itself is made by the caller, with the writer's mark.
+            Place::Chunk(array, coords) => NodeKind::Chunk { array, coords },
+            Place::KeyDir(_, _, rel) => {
+                return Err(FsError::refused(
+                    &rel,
+                    Rule::FileAsKeyDirectory,
+                    "a file named like a key directory",
+                ));
+            }
+        };
+        Ok((kind, None))
     }
 
     fn new_temp(&self, rel: &Path, mode: u32) -> NodeKind {

@@ -340,46 +340,7 @@ impl ShardFs {
             | NodeKind::ArrayDir(_)
             | NodeKind::Symlink
             | NodeKind::Other => self.set_backing_attr(&info.rel, set)?,
-            NodeKind::Temp(_) | NodeKind::Chunk { .. } => {
-                if let Some(size) = set.size {
-                    check_size(&info.rel, Some(size))?;
-                    if size == 0
-                        && let NodeKind::Chunk { array, coords } = &info.kind
-                    {
-                        // Truncation to nothing needs nothing of the stored chunk.
-                        self.shards
-                            .open_for_write(&self.backing, array, coords, true)?;
-                    }
-                    // A truncation through an open handle counts as that handle's write.
-                    let handle = set.fh.and_then(|fh| self.handles.get(fh).ok());
-                    let writer = match handle.as_deref() {
-                        Some(Handle::File(f)) if f.writable => Some(f),
-                        _ => None,
-                    };
-                    self.change_file(writer, &info.kind, |d| d.truncate(size))?;
-                }
-                // Permissions and times of files in memory: kept for what they report.
-                let file = match &info.kind {
-                    NodeKind::Temp(f) => Some(f.clone()),
-                    NodeKind::Chunk { array, coords } => {
-                        match self.shards.chunk(&self.backing, array, coords)? {
-                            ChunkData::Pending(f) => Some(f),
-                            _ => None,
-                        }
-                    }
-                    _ => None,
-                };
-                if let Some(f) = file {
-                    f.with(|s| {
-                        if let Some(mode) = set.mode {
-                            s.mode = mode & 0o7777;
-                        }
-                        if let Some(t) = set.mtime {
-                            s.mtime = t;
-                        }
-                    });
-                }
-            }
+            NodeKind::Temp(_) | NodeKind::Chunk { .. } => self.set_held_attr(&info, set)?,
             // Translated documents, key directories, the control file: accepted, unchanged.
             _ => {
                 if set.size.is_some() {
@@ -392,6 +353,50 @@ impl ShardFs {
             }
         }
         self.getattr(ino)
+    }
+
+    /// Applies `set` to a file held in memory (a chunk or a temporary file): its size, and
+    /// the permissions and times it reports.
+    fn set_held_attr(&self, info: &crate::core::NodeInfo, set: &SetAttr) -> Result<(), FsError> {
+        if let Some(size) = set.size {
+            check_size(&info.rel, Some(size))?;
+            if size == 0
+                && let NodeKind::Chunk { array, coords } = &info.kind
+            {
+                // Truncation to nothing needs nothing of the stored chunk.
+                self.shards
+                    .open_for_write(&self.backing, array, coords, true)?;
+            }
+            // A truncation through an open handle counts as that handle's write.
+            let handle = set.fh.and_then(|fh| self.handles.get(fh).ok());
+            let writer = match handle.as_deref() {
+                Some(Handle::File(f)) if f.writable => Some(f),
+                _ => None,
+            };
+            self.change_file(writer, &info.kind, |d| d.truncate(size))?;
+        }
+        // Permissions and times of files in memory: kept for what they report.
+        let file = match &info.kind {
+            NodeKind::Temp(f) => Some(f.clone()),
+            NodeKind::Chunk { array, coords } => {
+                match self.shards.chunk(&self.backing, array, coords)? {
+                    ChunkData::Pending(f) => Some(f),
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        if let Some(f) = file {
+            f.with(|s| {
+                if let Some(mode) = set.mode {
+                    s.mode = mode & 0o7777;
+                }
+                if let Some(t) = set.mtime {
+                    s.mtime = t;
+                }
+            });
+        }
+        Ok(())
     }
 
     /// Applies `set` to the BACKING file at `rel` itself: a symbolic link's own times and
