@@ -711,7 +711,11 @@ pub fn flush(mountpoint: &Path, path: Option<&Path>) -> Result<String, DaemonErr
     let below = match path {
         None => PathBuf::new(),
         Some(p) => {
-            let full = fs::canonicalize(p).map_err(io_err(p))?;
+            // A PATH that is not there is the caller's mistake; other errors are the mount's.
+            let full = fs::canonicalize(p).map_err(|e| match e.kind() {
+                io::ErrorKind::NotFound => DaemonError::Usage(format!("{}: {e}", p.display())),
+                _ => io_err(p)(e),
+            })?;
             full.strip_prefix(mountpoint)
                 .map(Path::to_path_buf)
                 .map_err(|_| DaemonError::Usage(format!("{} is not inside {shown}", p.display())))?

@@ -103,6 +103,11 @@ fn flush_refuses_what_is_not_a_mount_or_not_in_it() {
     let out = flush(&[m.mountpoint.to_str().unwrap(), backing.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("is not inside"), "{}", stderr(&out));
+    // A path inside the mount that is not there is a usage error too.
+    let missing = m.path("no/such/array");
+    let out = flush(&[m.mountpoint.to_str().unwrap(), missing.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("no/such/array"), "{}", stderr(&out));
 }
 
 /// Runs `shardfs ARGS` on a pseudo-terminal (util-linux `script`), for at most `limit`.

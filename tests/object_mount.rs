@@ -269,7 +269,8 @@ fn a_shard_changed_between_read_and_write_is_merged_again() {
         "import sys; sys.path.insert(0, {:?}); import s3_clients, shared, zarr\n\
          a = zarr.open_array(s3_clients.native_store({url:?}), path='conf/a', mode='r')[...]\n\
          assert (a[shared.region(0)] == 1).all(), 'chunk 0 (the mount) lost'\n\
-         assert (a[shared.region(1)] == 2).all(), 'chunk 1 (native) lost'",
+         assert (a[shared.region(1)] == 2).all(), 'chunk 1 (native) lost'\n\
+         s3_clients.done()",
         script("")
     );
     common::mount::python_ok("both chunks in the shard", &check, &[]);
@@ -342,7 +343,8 @@ fn fsynced_chunks_of_a_killed_s3_mount_land_from_its_local_journal() {
          a = zarr.open_array(s3_clients.native_store({url:?}), path='crash/a', mode='r')[...]\n\
          lost = [k for k in range(63) if not (a[shared.region(k)] == k + 1).all()]\n\
          assert not lost, lost\n\
-         assert (a[shared.region(63)] == 0).all()",
+         assert (a[shared.region(63)] == 0).all()\n\
+         s3_clients.done()",
         script("")
     );
     common::mount::python_ok("every fsynced chunk landed", &check, &[]);

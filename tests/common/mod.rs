@@ -53,7 +53,8 @@ pub fn shardfs(args: &[&str]) -> Output {
 pub fn assert_ok(out: &Output, what: &str) {
     assert!(
         out.status.success(),
-        "{what}:\n{}\n{}",
+        "{what} ({}):\n{}\n{}",
+        out.status,
         stdout(out),
         stderr(out)
     );
