@@ -195,9 +195,18 @@ pub fn spawn_daemon(
             Ok(())
         });
     }
-    let mut child = cmd.spawn().map_err(io_err(Path::new("shardfs")))?;
+    let child = cmd.spawn().map_err(io_err(Path::new("shardfs")))?;
     drop(write_end);
-    // The report comes within seconds; a daemon stuck mounting is killed.
+    await_report(child, read_end, log_file)
+}
+
+/// Waits for the daemon's report on `read_end`: `ok` once the mount is live, else why it
+/// is not. The report comes within seconds; a daemon stuck mounting is killed.
+fn await_report(
+    mut child: std::process::Child,
+    read_end: OwnedFd,
+    log_file: &Path,
+) -> Result<(), DaemonError> {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let mut report = String::new();

@@ -290,75 +290,90 @@ impl ShardFs {
     }
 
     pub(crate) fn attr(&self, ino: Ino, rel: &Path, kind: &NodeKind) -> Result<Attr, FsError> {
-        let backing_attr = |rel: &Path| -> Result<Attr, FsError> {
-            let m = self.backing.stat(rel)?.ok_or(FsError::NotFound)?;
-            Ok(Attr::from_backing(ino, &m))
-        };
-        // The nearest directory that BACKING has (key directories may exist only in view).
-        let owner = |rel: &Path| -> Result<std::fs::Metadata, FsError> {
-            for dir in rel.ancestors() {
-                if let Some(m) = self.backing.stat(dir)? {
-                    return Ok(m);
-                }
-            }
-            Err(FsError::NotFound)
-        };
-        // Files in memory are owned like the directory they are in (a chunk: its array's),
-        // as they will be once stored.
-        let mem_attr = |file: &MemFile, dir: &Path| -> Result<Attr, FsError> {
-            let (mode, len, mtime) = file.with(|s| (s.mode, s.data.len(), s.mtime));
-            let owner = owner(dir)?;
-            Ok(Attr {
-                perm: (mode & 0o7777) as u16,
-                ..Attr::virtual_file(ino, &owner, len, mtime)
-            })
-        };
         match kind {
             NodeKind::Dir
             | NodeKind::File
             | NodeKind::Symlink
             | NodeKind::Other
-            | NodeKind::ArrayDir(_) => backing_attr(rel),
+            | NodeKind::ArrayDir(_) => self.document_attr(ino, rel, None),
             NodeKind::ArrayMeta(array) => {
-                let m = self.backing.stat(rel)?.ok_or(FsError::NotFound)?;
-                Ok(Attr {
-                    size: array.view_json.len() as u64,
-                    ..Attr::from_backing(ino, &m)
-                })
+                self.document_attr(ino, rel, Some(array.view_json.len() as u64))
             }
             NodeKind::GroupMeta(group) => {
-                let m = self.backing.stat(rel)?.ok_or(FsError::NotFound)?;
-                Ok(Attr {
-                    size: group.json.len() as u64,
-                    ..Attr::from_backing(ino, &m)
-                })
+                self.document_attr(ino, rel, Some(group.json.len() as u64))
             }
-            NodeKind::ChunkDir { array, .. } => Ok(Attr::virtual_dir(ino, &owner(&array.rel)?)),
-            NodeKind::Temp(file) => mem_attr(file, rel.parent().unwrap_or(Path::new(""))),
+            NodeKind::ChunkDir { array, .. } => {
+                Ok(Attr::virtual_dir(ino, &self.owner_of(&array.rel)?))
+            }
+            NodeKind::Temp(file) => {
+                self.held_attr(ino, file, rel.parent().unwrap_or(Path::new("")))
+            }
             NodeKind::Control => {
-                let root = owner(Path::new(""))?;
+                let root = self.owner_of(Path::new(""))?;
                 Ok(Attr {
                     perm: 0o644,
                     volatile: true,
                     ..Attr::virtual_file(ino, &root, CONTROL_SIZE as u64, SystemTime::now())
                 })
             }
-            NodeKind::Chunk { array, coords } => {
-                match self.shards.chunk(&self.backing, array, coords)? {
-                    ChunkData::Absent => Err(FsError::NotFound),
-                    ChunkData::Stored(c) => Ok(Attr::virtual_file(
-                        ino,
-                        &owner(&array.rel)?,
-                        c.range.nbytes,
-                        c.mtime,
-                    )),
-                    ChunkData::Pending(file) => mem_attr(&file, &array.rel),
-                    // Its size is unknown: shown empty; opening it fails with EIO.
-                    ChunkData::Damaged { mtime, .. } => {
-                        Ok(Attr::virtual_file(ino, &owner(&array.rel)?, 0, mtime))
-                    }
-                }
+            NodeKind::Chunk { array, coords } => self.chunk_attr(ino, array, coords),
+        }
+    }
+
+    /// The attributes of a BACKING file, with `size` instead of its own when it is shown
+    /// translated.
+    fn document_attr(&self, ino: Ino, rel: &Path, size: Option<u64>) -> Result<Attr, FsError> {
+        let m = self.backing.stat(rel)?.ok_or(FsError::NotFound)?;
+        let attr = Attr::from_backing(ino, &m);
+        Ok(Attr {
+            size: size.unwrap_or(attr.size),
+            ..attr
+        })
+    }
+
+    /// The nearest directory that BACKING has (key directories may exist only in view).
+    fn owner_of(&self, rel: &Path) -> Result<std::fs::Metadata, FsError> {
+        for dir in rel.ancestors() {
+            if let Some(m) = self.backing.stat(dir)? {
+                return Ok(m);
             }
+        }
+        Err(FsError::NotFound)
+    }
+
+    /// Files in memory are owned like the directory they are in (a chunk: its array's), as
+    /// they will be once stored.
+    fn held_attr(&self, ino: Ino, file: &MemFile, dir: &Path) -> Result<Attr, FsError> {
+        let (mode, len, mtime) = file.with(|s| (s.mode, s.data.len(), s.mtime));
+        let owner = self.owner_of(dir)?;
+        Ok(Attr {
+            perm: (mode & 0o7777) as u16,
+            ..Attr::virtual_file(ino, &owner, len, mtime)
+        })
+    }
+
+    fn chunk_attr(
+        &self,
+        ino: Ino,
+        array: &Arc<ArrayState>,
+        coords: &[u64],
+    ) -> Result<Attr, FsError> {
+        match self.shards.chunk(&self.backing, array, coords)? {
+            ChunkData::Absent => Err(FsError::NotFound),
+            ChunkData::Stored(c) => Ok(Attr::virtual_file(
+                ino,
+                &self.owner_of(&array.rel)?,
+                c.range.nbytes,
+                c.mtime,
+            )),
+            ChunkData::Pending(file) => self.held_attr(ino, &file, &array.rel),
+            // Its size is unknown: shown empty; opening it fails with EIO.
+            ChunkData::Damaged { mtime, .. } => Ok(Attr::virtual_file(
+                ino,
+                &self.owner_of(&array.rel)?,
+                0,
+                mtime,
+            )),
         }
     }
 
