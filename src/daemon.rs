@@ -263,6 +263,14 @@ fn detach(mountpoint: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// An object store that could not be opened or mirrored, named by its URL.
+fn store_error(url: &str, e: impl std::fmt::Display) -> DaemonError {
+    DaemonError::Store {
+        url: url.to_string(),
+        message: e.to_string(),
+    }
+}
+
 /// The core of an object-store mount: the store opened, its tree mirrored into the cache
 /// `backing`, shards read and written in the store, the rest published to it.
 fn object_core(
@@ -274,17 +282,11 @@ fn object_core(
 ) -> Result<ShardFs, DaemonError> {
     let store = Arc::new(
         ObjectBacked::open(url)
-            .map_err(|e| DaemonError::Store {
-                url: url.to_string(),
-                message: e.to_string(),
-            })?
+            .map_err(|e| store_error(url, e))?
             .with_multipart_above(config.multipart_above),
     );
     let (_, held) =
-        crate::store::mirror::prepare(&*store, url, backing).map_err(|e| DaemonError::Store {
-            url: url.to_string(),
-            message: e.to_string(),
-        })?;
+        crate::store::mirror::prepare(&*store, url, backing).map_err(|e| store_error(url, e))?;
     // Held as long as the process lives: the cache is this mount's.
     std::mem::forget(held);
     Ok(
@@ -625,11 +627,6 @@ fn read_control(control: &Path) -> Result<ControlInfo, DaemonError> {
     let bytes = fs::read(control).map_err(io_err(control))?;
     serde_json::from_slice(&bytes)
         .map_err(|e| io_err(control)(io::Error::new(io::ErrorKind::InvalidData, e)))
-}
-
-/// `shardfs stats`: the daemon's counters, as JSON.
-pub fn stats(mountpoint: &Path) -> Result<String, DaemonError> {
-    Ok(serde_json::to_string_pretty(&stats_report(mountpoint)?).unwrap_or_default())
 }
 
 /// The daemon's counters.

@@ -35,6 +35,23 @@ fn write_chunk(a: &Path, i: u64, j: u64, value: u8) -> std::io::Result<()> {
     fs::File::create(a.join(format!("c/{i}/{j}")))?.write_all(&[value; 16])
 }
 
+/// BACKING's array `a` with its first shard (2x2 chunks of 3s) written through a mount,
+/// then damaged outside it: a byte of the index checksum (the shard's last 4 bytes)
+/// flipped. Returns the shard's path and its damaged bytes.
+fn damaged_shard(backing: &Path) -> (PathBuf, Vec<u8>) {
+    let (m, a) = mount_with_array(backing, &["--chunks-per-shard", "2"]);
+    for (i, j) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
+        write_chunk(&a, i, j, 3).unwrap();
+    }
+    assert_ok(&m.unmount(&[]), "unmount");
+    let shard = backing.join("a/c/0/0");
+    let mut bytes = fs::read(&shard).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    fs::write(&shard, &bytes).unwrap();
+    (shard, bytes)
+}
+
 /// The one log line refusing `file` with `errno`; it names the rule and `fix`.
 fn refusal_line(m: &Mounted, file: &Path, errno: &str, fix: &str) -> String {
     let head = format!("{}: refused ({errno}): ", file.display());
@@ -119,17 +136,7 @@ fn a_layout_change_refused_with_ebusy_says_what_blocks_it() {
 #[test]
 fn a_read_of_a_damaged_shard_names_the_shard_and_verify() {
     let (_d, backing, _) = dirs();
-    let (m, a) = mount_with_array(&backing, &["--chunks-per-shard", "2"]);
-    for (i, j) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
-        write_chunk(&a, i, j, 3).unwrap();
-    }
-    assert_ok(&m.unmount(&[]), "unmount");
-    // Flip a byte of the index checksum (the last 4 bytes of the shard).
-    let shard = backing.join("a/c/0/0");
-    let mut bytes = fs::read(&shard).unwrap();
-    let last = bytes.len() - 1;
-    bytes[last] ^= 0xff;
-    fs::write(&shard, bytes).unwrap();
+    let (shard, _) = damaged_shard(&backing);
     let (m, a) = mount_with_array(&backing, &[]);
     for _ in 0..3 {
         assert_eq!(errno_of(fs::read(a.join("c/1/0"))), Some(libc::EIO));
@@ -145,16 +152,7 @@ fn a_read_of_a_damaged_shard_names_the_shard_and_verify() {
 #[test]
 fn chunks_for_a_damaged_shard_wait_and_flush_names_it_with_the_fix() {
     let (_d, backing, _) = dirs();
-    let (m, a) = mount_with_array(&backing, &["--chunks-per-shard", "2"]);
-    for (i, j) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
-        write_chunk(&a, i, j, 3).unwrap();
-    }
-    assert_ok(&m.unmount(&[]), "unmount");
-    let shard = backing.join("a/c/0/0");
-    let mut bytes = fs::read(&shard).unwrap();
-    let last = bytes.len() - 1;
-    bytes[last] ^= 0xff;
-    fs::write(&shard, &bytes).unwrap();
+    let (shard, bytes) = damaged_shard(&backing);
     let (m, a) = mount_with_array(&backing, &["--idle-flush", "600"]);
     // A new chunk of the damaged shard is taken, and waits: merging it would drop what
     // the shard still holds.

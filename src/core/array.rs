@@ -41,8 +41,9 @@ impl ArrayState {
     }
 
     /// A chunk's path relative to the backing root (the same path in the view).
+    /// Chunks and shards share the key encoding, so this is `shard_rel` of chunk coordinates.
     pub fn chunk_rel(&self, coords: &[u64]) -> PathBuf {
-        self.rel.join(self.layout.key_encoding.encode(coords))
+        self.shard_rel(coords)
     }
 
     /// Whether `coords` names a chunk inside the array's chunk grid.

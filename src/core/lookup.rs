@@ -616,9 +616,23 @@ impl ShardFs {
                 handle.mark_dirty(&self.start_temp(&info, content));
                 (false, false)
             }
-            NodeKind::File => (self.open_backing_file(&info, flags, &mut handle)?, false),
-            NodeKind::ArrayMeta(_) | NodeKind::GroupMeta(_) => {
-                (self.open_document(&info, truncate, &mut handle), false)
+            NodeKind::File => (
+                self.open_backing_file(&info, flags, truncate, &mut handle)?,
+                false,
+            ),
+            NodeKind::ArrayMeta(array) => {
+                let view = array.view_json.clone();
+                (
+                    self.open_document(&info, view, truncate, &mut handle),
+                    false,
+                )
+            }
+            NodeKind::GroupMeta(group) => {
+                let view = group.json.clone();
+                (
+                    self.open_document(&info, view, truncate, &mut handle),
+                    false,
+                )
             }
             NodeKind::Control => {
                 handle.bytes = Some(self.control_json());
@@ -658,13 +672,14 @@ impl ShardFs {
         &self,
         info: &NodeInfo,
         flags: i32,
+        truncate: bool,
         handle: &mut FileHandle,
     ) -> Result<bool, FsError> {
         let writable = handle.writable;
         let how = OpenMode {
             read: flags & libc::O_ACCMODE != libc::O_WRONLY,
             write: writable,
-            truncate: writable && flags & libc::O_TRUNC != 0,
+            truncate,
             append: flags & libc::O_APPEND != 0,
             create_new: None,
         };
@@ -680,14 +695,15 @@ impl ShardFs {
         Ok(keep_cache)
     }
 
-    /// Opens a translated document (an array's or group's `zarr.json`); returns whether
-    /// the kernel may keep its pages.
-    fn open_document(&self, info: &NodeInfo, truncate: bool, handle: &mut FileHandle) -> bool {
-        let view = match &info.kind {
-            NodeKind::ArrayMeta(array) => array.view_json.clone(),
-            NodeKind::GroupMeta(group) => group.json.clone(),
-            _ => Bytes::new(),
-        };
+    /// Opens a translated document (an array's or group's `zarr.json`, shown as `view`);
+    /// returns whether the kernel may keep its pages.
+    fn open_document(
+        &self,
+        info: &NodeInfo,
+        view: Bytes,
+        truncate: bool,
+        handle: &mut FileHandle,
+    ) -> bool {
         if !handle.writable {
             handle.bytes = Some(view);
             return true;

@@ -64,8 +64,9 @@ impl ShardRegistry {
         f: &mut impl FnMut(Vec<u64>) -> ControlFlow<()>,
     ) -> Result<ControlFlow<()>, FsError> {
         let slot = self.slot(backing, array, shard)?;
-        let visit = |positions: BTreeSet<usize>, f: &mut dyn FnMut(Vec<u64>) -> ControlFlow<()>| {
-            for pos in positions {
+        let visit = |positions: &BTreeSet<usize>,
+                     f: &mut dyn FnMut(Vec<u64>) -> ControlFlow<()>| {
+            for &pos in positions {
                 let coords = array.layout.chunk_coords(shard, pos);
                 if coords.starts_with(prefix) && array.chunk_inside(&coords) && f(coords).is_break()
                 {
@@ -77,7 +78,7 @@ impl ShardRegistry {
         // Chunks in memory first: a question they answer needs no read of the store (which
         // may be slow, or gone for a while).
         let pending: BTreeSet<usize> = lock(&slot.state).pending.keys().copied().collect();
-        if visit(pending.clone(), f).is_break() {
+        if visit(&pending, f).is_break() {
             return Ok(ControlFlow::Break(()));
         }
         let stored: BTreeSet<usize> = {
@@ -92,7 +93,7 @@ impl ShardRegistry {
             positions.retain(|p| !st.deleted.contains(p) && !pending.contains(p));
             positions
         };
-        Ok(visit(stored, f))
+        Ok(visit(&stored, f))
     }
 
     pub fn has_chunks_below(

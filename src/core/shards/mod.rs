@@ -352,8 +352,8 @@ impl ShardRegistry {
 
     /// Replaces the cached index of a slot, keeping the cache's account.
     fn set_stored(&self, st: &mut ShardState, new: Option<StoredIndex>) {
-        // A version this mount wrote (or found) is looked at again before it is trusted.
-        st.seen = None;
+        // A version this mount wrote (or found) is looked at again before it is trusted
+        // (uncaching forgets the version seen).
         self.uncache_index(st);
         if let Some(s) = &new {
             self.cache_bytes.fetch_add(s.cost(), Ordering::Relaxed);
@@ -415,7 +415,6 @@ impl ShardRegistry {
         }
     }
 
-    /// The cache's size now: slots and the bytes they cost.
     /// The version of the shard holding `coords` is to be looked at again, not trusted.
     pub fn forget_seen(&self, array: &ArrayState, coords: &[u64]) {
         let shard = array.layout.locate(coords).shard;
@@ -435,6 +434,7 @@ impl ShardRegistry {
         self.store.requests()
     }
 
+    /// The cache's size now: slots and the bytes they cost.
     pub fn cache_usage(&self) -> (u64, u64) {
         (
             lock(&self.slots).len() as u64,
