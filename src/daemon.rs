@@ -491,8 +491,12 @@ fn finish(
         std::thread::sleep(Duration::from_secs(2));
         failed = flush();
     }
-    if failed.is_empty() {
-        core.close_journal();
+    if failed.is_empty()
+        && let Err(e) = core.close_journal()
+    {
+        failed.push(format!(
+            "the journal could not be closed (the next mount replays it): {e}"
+        ));
     }
     let status = match (&result, failed.is_empty()) {
         (Ok(()), true) => "ok\n".to_string(),

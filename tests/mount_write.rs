@@ -416,6 +416,13 @@ fn every_writer_pattern_works() {
         (before.mtime(), before.mtime_nsec()),
         (after.mtime(), after.mtime_nsec())
     );
+    // Back to a chunk of its codecs' size: `verify` checks that every chunk has it.
+    fs::OpenOptions::new()
+        .write(true)
+        .open(c.join("0/1"))
+        .unwrap()
+        .set_len(256)
+        .unwrap();
 
     // Unlink of an open file: the name goes, the open file keeps its content.
     fs::write(c.join("2/1"), chunk(15)).unwrap();
@@ -485,6 +492,7 @@ fn every_writer_pattern_works() {
         "import zarr, numpy as np\n\
          a = zarr.open_array({:?}, mode='r')\n\
          assert (a[0:16, 0:16] == 10).all()\n\
+         assert (a[0:16, 16:32] == 11).all()\n\
          assert (a[16:32, 16:32] == 13).all()\n\
          assert (a[16:32, 0:16] == 12).all()\n\
          assert (a[32:48, :] == 0).all()\n",

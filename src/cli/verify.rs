@@ -7,7 +7,7 @@ use super::scan::{key_files, read_node};
 use super::{CliError, Verdict};
 use crate::grid;
 use crate::shard::read_index;
-use crate::zarr::layout::regular_chunk_shape;
+use crate::zarr::layout::{fixed_chunk_bytes, regular_chunk_shape};
 use crate::zarr::{
     ArrayMetadata, ChunkKeyEncoding, GroupMetadata, KeyError, METADATA_FILE, Node, ShardLayout,
 };
@@ -122,6 +122,7 @@ impl Checker {
             }
         };
         let shard_grid = layout.shard_grid_shape();
+        let fixed = fixed_chunk_bytes(array);
         let (files, _) = key_files(dir, layout.key_encoding, layout.ndim())?;
         for f in files {
             if !grid::inside(&f.coords, &shard_grid) {
@@ -136,10 +137,39 @@ impl Checker {
             }
             let file = File::open(&f.path).map_err(|e| CliError::io(&f.path, e))?;
             let len = file.metadata().map_err(|e| CliError::io(&f.path, e))?.len();
-            if let Err(e) = read_index(&file, len, &layout.index) {
-                self.problem(&f.path, e);
+            match read_index(&file, len, &layout.index) {
+                Err(e) => self.problem(&f.path, e),
+                Ok(index) => {
+                    if let Some(size) = fixed {
+                        self.chunk_sizes(&f.path, &layout, &f.coords, &index, size);
+                    }
+                }
             }
         }
         Ok(())
+    }
+
+    /// Every chunk of a shard whose codecs fix its size must have that size.
+    fn chunk_sizes(
+        &mut self,
+        path: &Path,
+        layout: &ShardLayout,
+        shard: &[u64],
+        index: &crate::shard::ShardIndex,
+        size: u64,
+    ) {
+        for (pos, range) in index.present() {
+            if range.nbytes != size {
+                let coords = layout.chunk_coords(shard, pos);
+                self.problem(
+                    path,
+                    format!(
+                        "chunk {coords:?} is {} bytes; its codecs (no compression) make \
+                         every chunk {size} bytes",
+                        range.nbytes
+                    ),
+                );
+            }
+        }
     }
 }

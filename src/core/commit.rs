@@ -18,7 +18,7 @@ use super::memfile::{FileData, MAX_FILE_BYTES, MemFile};
 use super::shards::WriteMode;
 use crate::backing::FileVersion;
 use crate::shard::IndexLocation;
-use crate::zarr::layout::{SHARDING_CODEC, regular_chunk_shape};
+use crate::zarr::layout::{SHARDING_CODEC, fixed_chunk_bytes, regular_chunk_shape};
 use crate::zarr::{
     ArrayMetadata, KeyNode, LayoutError, METADATA_FILE, Node, ShardLayout, sharded_with,
     translate_consolidated, unsharded_view,
@@ -30,6 +30,15 @@ impl ShardFs {
         let doc = dir.join(METADATA_FILE);
         let shown = self.backing.path(&doc);
         let stored: Vec<u8> = match Node::parse(bytes) {
+            // An array's or group's document is never replaced by garbage or by nothing:
+            // its chunks would be left without the layout that reads them.
+            Err(e) if self.holds_zarr_document(&doc)? => {
+                return Err(FsError::refused(
+                    &doc,
+                    Rule::InvalidArrayMetadata,
+                    format!("not Zarr v3 metadata ({e}); the document stays as it was"),
+                ));
+            }
             Err(e) => {
                 warn!(file = %shown.display(),
                     "not Zarr v3 metadata ({e}): stored as written; the directory is not treated as an array");
@@ -56,6 +65,14 @@ impl ShardFs {
         // are decided again.
         self.inodes.bump_generation();
         Ok(())
+    }
+
+    /// Whether BACKING's `doc` is a Zarr v3 document now.
+    fn holds_zarr_document(&self, doc: &Path) -> Result<bool, FsError> {
+        let stored = self
+            .backing
+            .read_at_most(doc, super::memfile::MAX_METADATA_BYTES)?;
+        Ok(stored.is_some_and(|b| Node::parse(&b).is_ok()))
     }
 
     /// What to store for an array's `dir/zarr.json` written as `bytes` (`meta`): its
@@ -264,7 +281,11 @@ impl ShardFs {
             };
             let path = rel.join(name);
             match (array.classify_name(node, name), entry.kind.is_dir()) {
-                (ArrayName::Key(KeyNode::Chunk(coords)), false) => files.push((coords, path)),
+                (ArrayName::Key(KeyNode::Chunk(coords)), false)
+                    if !self.not_a_chunk_file(array, &coords, &path) =>
+                {
+                    files.push((coords, path))
+                }
                 (ArrayName::Key(child @ KeyNode::Dir(_)), true) => {
                     dirs.push(path.clone());
                     self.collect_chunk_files(array, &path, &child, files, dirs)?;
@@ -273,6 +294,24 @@ impl ShardFs {
             }
         }
         Ok(())
+    }
+
+    /// Whether the BACKING file at chunk key `coords` is no chunk file: a shard of `array`
+    /// already (the array's `zarr.json` was removed and put back, and shard keys are
+    /// chunk keys too), or of another size than the codecs give every chunk. Such a file
+    /// stays where it is, read as a shard; it is never taken for a chunk.
+    fn not_a_chunk_file(&self, array: &ArrayState, coords: &[u64], rel: &Path) -> bool {
+        let Ok(file) = self.backing.open(rel) else {
+            return false;
+        };
+        let Ok(len) = file.metadata().map(|m| m.len()) else {
+            return false;
+        };
+        if fixed_chunk_bytes(&array.meta).is_some_and(|size| size != len) {
+            return true;
+        }
+        crate::grid::inside(coords, &array.layout.shard_grid_shape())
+            && crate::shard::read_index(&file, len, &array.layout.index).is_ok()
     }
 
     /// A sharded `zarr.json` from a writer that shards itself: stored as written, and the

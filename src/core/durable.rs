@@ -10,7 +10,6 @@ use tracing::{info, warn};
 use super::ShardFs;
 use super::array::ArrayState;
 use super::error::FsError;
-use super::memfile::{FileData, MemFile};
 use super::shards::{PendingChunk, ShardState, WriteMode};
 use crate::journal::Journal;
 use crate::zarr::{KeyNode, Node, ShardLayout};
@@ -25,9 +24,10 @@ impl ShardFs {
     }
 
     /// At a clean end (everything written): the journal goes, lock and all.
-    pub fn close_journal(&self) {
-        if let Some(j) = self.shards.journal() {
-            j.close();
+    pub fn close_journal(&self) -> std::io::Result<()> {
+        match self.shards.journal() {
+            Some(j) => j.close(),
+            None => Ok(()),
         }
     }
 
@@ -157,10 +157,8 @@ impl ShardFs {
                 self.shards.retire(vec![r.record]);
                 continue;
             };
-            let file = Arc::new(MemFile::new(FileData::from_bytes(r.data), 0o644));
-            file.add_records(0, vec![r.record]);
-            self.shards.charge(file.len() as i64);
-            self.shards.put(&self.backing, &array, &r.coords, file)?;
+            self.shards
+                .replay_record(&self.backing, &array, &r.coords, r.data, r.record)?;
         }
         if count > 0 {
             // Live only once every replayed chunk is in its shard: a journal taken over is

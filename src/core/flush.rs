@@ -268,7 +268,14 @@ impl ShardFs {
         let _gate = self.gate.exclusive();
         let data = file.snapshot().data;
         let dir = rel.parent().unwrap_or(Path::new("")).to_path_buf();
-        self.commit_metadata(&dir, &data.read(0, data.len()))?;
+        match self.commit_metadata(&dir, &data.read(0, data.len())) {
+            // Truncated and never written (its writer still had it open): the document
+            // stays as it was.
+            Err(FsError::Refused(r)) if data.is_empty() => {
+                info!(file = %rel.display(), "an emptied zarr.json left as it was: {r}");
+            }
+            other => other?,
+        }
         self.drop_temp_if(rel, file);
         Ok(())
     }

@@ -139,8 +139,13 @@ impl FileData {
 /// pending position, a temporary name), so that renames move it without copying.
 #[derive(Debug)]
 pub struct MemFile {
+    /// Unique for the mount's life: what a journal record's content is known by.
+    id: u64,
     state: Mutex<MemState>,
 }
+
+/// The next `MemFile::id`.
+static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 #[derive(Clone, Debug)]
 pub struct MemState {
@@ -157,10 +162,6 @@ pub struct MemState {
     pub retired: bool,
     /// The last write or close: what "idle" counts from.
     pub touched: Option<Instant>,
-    /// The version of the content last made durable in the journal, if any.
-    pub journaled: Option<u64>,
-    /// Journal records holding versions of this file, retired when it is in its shard.
-    pub records: Vec<crate::journal::RecordRef>,
     /// A writer asked for its content to be durable (fsync), before its name was: an fsync
     /// of the directory it is renamed into must then include it, even while still open.
     pub fsynced: bool,
@@ -169,6 +170,7 @@ pub struct MemState {
 impl MemFile {
     pub fn new(data: FileData, mode: u32) -> MemFile {
         MemFile {
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             state: Mutex::new(MemState {
                 data,
                 mtime: SystemTime::now(),
@@ -176,11 +178,21 @@ impl MemFile {
                 version: 0,
                 retired: false,
                 touched: Some(Instant::now()),
-                journaled: None,
-                records: Vec::new(),
                 fsynced: false,
                 mode,
             }),
+        }
+    }
+
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// What a journal record of its current content holds (`shards::ledger`).
+    pub(crate) fn held(&self, version: u64) -> super::shards::Held {
+        super::shards::Held::Content {
+            file: self.id,
+            version,
         }
     }
 
@@ -226,36 +238,6 @@ impl MemFile {
         f(&mut lock(&self.state))
     }
 
-    /// Adds journal records of this file's content. A file already retired (its content
-    /// durable in its shard, so a newer version than any record) gets none: they are
-    /// returned, to be retired at once.
-    pub fn add_records(
-        &self,
-        version: u64,
-        records: Vec<crate::journal::RecordRef>,
-    ) -> Vec<crate::journal::RecordRef> {
-        let mut s = lock(&self.state);
-        if s.retired {
-            return records;
-        }
-        if s.version == version {
-            s.journaled = Some(version);
-        }
-        s.records.extend(records);
-        Vec::new()
-    }
-
-    /// Whether its current content still has to go to the journal (cheap: no snapshot).
-    pub fn needs_journal(&self) -> bool {
-        let s = lock(&self.state);
-        !s.retired && s.journaled != Some(s.version)
-    }
-
-    /// Whether some version of it is in the journal.
-    pub fn is_journaled(&self) -> bool {
-        lock(&self.state).journaled.is_some()
-    }
-
     /// `size` bytes of the content from `offset`, read under the lock (no snapshot: that
     /// would copy the journal bookkeeping on every read).
     pub fn read(&self, offset: u64, size: u64) -> Vec<u8> {
@@ -266,11 +248,6 @@ impl MemFile {
     pub fn content(&self) -> (u64, Vec<bytes::Bytes>) {
         let s = lock(&self.state);
         (s.version, s.data.segments())
-    }
-
-    /// Takes the journal records of this file (it is durable in its shard, or replaced).
-    pub fn take_records(&self) -> Vec<crate::journal::RecordRef> {
-        std::mem::take(&mut lock(&self.state).records)
     }
 
     /// When it was last written or closed.

@@ -192,6 +192,11 @@ impl ShardFs {
     /// writers are all done may complete its shard, which is then written before the close
     /// returns (so that the writer sees a failure); a `zarr.json` is committed.
     pub fn flush(&self, fh: u64) -> Result<(), FsError> {
+        self.flush_handle(fh, false)
+    }
+
+    /// FLUSH, or with `last` the RELEASE of the handle's last close.
+    fn flush_handle(&self, fh: u64, last: bool) -> Result<(), FsError> {
         let handle = self.handles.file(fh)?;
         let Handle::File(h) = handle.as_ref() else {
             return Ok(());
@@ -211,6 +216,13 @@ impl ShardFs {
             NodeKind::Temp(f)
                 if !info.detached && info.rel.file_name() == Some(METADATA_FILE.as_ref()) =>
             {
+                // Empty is an interim state, not a document: a shell's `>` truncates and
+                // closes a duplicate before anything is written. It is judged when content
+                // arrives, or at the last close.
+                if f.is_empty() && !last {
+                    h.mark_dirty(f);
+                    return Ok(());
+                }
                 let _gate = self.gate.exclusive();
                 let content = f.snapshot().data;
                 let bytes: Vec<u8> = content.read(0, content.len());
@@ -222,7 +234,13 @@ impl ShardFs {
                 if let Err(e) = committed {
                     if matches!(&e, FsError::Refused(r) if r.rule == Rule::InvalidArrayMetadata) {
                         self.drop_temp_if(&info.rel, f);
-                        self.inodes.detach(info.parent, &info.name, None);
+                        // The name shows what it held before (a document kept), or nothing.
+                        match self.resolve_path(&info.rel) {
+                            Ok(kind) => self.inodes.rekind_file(f, kind),
+                            Err(_) => {
+                                self.inodes.detach(info.parent, &info.name, None);
+                            }
+                        }
                     }
                     return Err(e);
                 }
@@ -242,7 +260,11 @@ impl ShardFs {
             Handle::File(f) => super::array::lock(&f.dirty).is_some(),
             Handle::Dir(_) => false,
         };
-        let result = if dirty { self.flush(fh) } else { Ok(()) };
+        let result = if dirty {
+            self.flush_handle(fh, true)
+        } else {
+            Ok(())
+        };
         self.handles.remove(fh);
         result
     }

@@ -126,9 +126,13 @@ impl Journal {
             let mut at = b.len;
             for e in entries {
                 let id = e.id;
-                let bufs = record::encode_chunk(0, id, e.coords, e.data);
+                // A body holds chunks only; removals go to the shared segments.
+                let data = e.data.ok_or_else(|| {
+                    io::Error::new(io::ErrorKind::InvalidInput, "a removal for a body")
+                })?;
+                let bufs = record::encode_chunk(0, id, e.coords, data);
                 let head = bufs[0].len() as u64;
-                let nbytes: u64 = e.data.iter().map(|d| d.len() as u64).sum();
+                let nbytes: u64 = data.iter().map(|d| d.len() as u64).sum();
                 chunks.push(BodyChunk {
                     record: RecordRef {
                         segment: body.path.clone(),

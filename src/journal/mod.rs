@@ -43,15 +43,27 @@ pub struct RecordRef {
     id: u64,
 }
 
-/// One chunk to be made durable: where it goes and its bytes.
+#[cfg(test)]
+impl RecordRef {
+    pub(crate) fn for_tests(id: u64) -> RecordRef {
+        RecordRef {
+            segment: PathBuf::from("test.000000.seg"),
+            id,
+        }
+    }
+}
+
+/// One chunk to be made durable: where it goes and its bytes, or its removal.
 pub struct Entry<'a> {
     /// The array directory, relative to BACKING.
     pub array: &'a Path,
     /// The array's sharded `zarr.json` as stored: the layout the chunk belongs to.
     pub meta: &'a [u8],
     pub coords: &'a [u64],
-    pub data: &'a [Bytes],
-    /// From `reserve_ids`, taken before the content was.
+    /// The chunk's bytes; `None`: the chunk was removed.
+    pub data: Option<&'a [Bytes]>,
+    /// From `reserve_ids`, taken when the content (or the removal) was, under the lock
+    /// that orders the chunk's changes.
     pub id: u64,
 }
 
@@ -61,7 +73,8 @@ pub struct Replayed {
     pub array: PathBuf,
     pub meta: Vec<u8>,
     pub coords: Vec<u64>,
-    pub data: Bytes,
+    /// The chunk's bytes; `None`: a removal.
+    pub data: Option<Bytes>,
     pub record: RecordRef,
 }
 
@@ -89,8 +102,6 @@ struct Current {
     number: u64,
     /// Layouts written to this segment: (array, meta) -> id.
     layouts: BTreeMap<(PathBuf, Vec<u8>), u32>,
-    /// The next record id (ids grow through the whole journal).
-    next_id: u64,
 }
 
 #[derive(Debug, Default)]
@@ -111,8 +122,14 @@ pub struct Journal {
     /// Every body with live records, or still taking them (`body.rs`).
     bodies: Mutex<BTreeMap<PathBuf, body::BodyEntry>>,
     next_body: AtomicU64,
+    /// The next record id: ids grow through the whole journal (segments and bodies).
+    next_id: AtomicU64,
     sync: Mutex<SyncState>,
     synced_cv: Condvar,
+    /// Ids whose retirement could not be recorded (a full disk). Tried again before every
+    /// sync, and until then every sync fails: a replay could bring their records back over
+    /// newer content, so nothing may be acknowledged as durable.
+    unrecorded: Mutex<Vec<u64>>,
     /// The OFD lock that tells other mounts this journal is alive.
     _alive: File,
     group_commits: AtomicU64,
@@ -141,8 +158,10 @@ impl Journal {
             segments: Mutex::new(BTreeMap::new()),
             bodies: Mutex::new(BTreeMap::new()),
             next_body: AtomicU64::new(0),
+            next_id: AtomicU64::new(0),
             sync: Mutex::default(),
             synced_cv: Condvar::new(),
+            unrecorded: Mutex::default(),
             _alive: alive,
             group_commits: AtomicU64::new(0),
             journaled_chunks: AtomicU64::new(0),
@@ -161,7 +180,6 @@ impl Journal {
             bytes: 0,
             number,
             layouts: BTreeMap::new(),
-            next_id: 0,
         })
     }
 
@@ -177,6 +195,16 @@ impl Journal {
         self.journaled_chunks
             .fetch_add(entries.len() as u64, Ordering::Relaxed);
         Ok(refs)
+    }
+
+    /// Appends `entries` without waiting for a sync: they are durable with the next one
+    /// (every fsync ends with one). For removals, which must be durable no later than
+    /// whatever a later fsync acknowledges.
+    pub fn append_unsynced(&self, entries: &[Entry]) -> io::Result<Vec<RecordRef>> {
+        if entries.is_empty() {
+            return Ok(Vec::new());
+        }
+        Ok(self.write_records(entries)?.0)
     }
 
     fn write_records(&self, entries: &[Entry]) -> io::Result<(Vec<RecordRef>, u64)> {
@@ -200,7 +228,10 @@ impl Journal {
                     id
                 }
             };
-            buffers.extend(record::encode_chunk(layout, e.id, e.coords, e.data));
+            match e.data {
+                Some(data) => buffers.extend(record::encode_chunk(layout, e.id, e.coords, data)),
+                None => buffers.push(Bytes::from(record::encode_gone(layout, e.id, e.coords))),
+            }
         }
         let seq = self.append_current(&mut cur, &buffers, entries.len() as u64)?;
         cur.layouts.extend(new_layouts);
@@ -215,21 +246,19 @@ impl Journal {
     }
 
     /// Reserves `n` record ids and returns the first. Ids grow through the whole journal,
-    /// bodies included, and replay applies records in id order: an id reserved before a
-    /// chunk's content is taken orders that content after whatever it replaced.
+    /// bodies included, and replay applies records in id order. They are also the stamps
+    /// of the durability rule (`core::shards::ledger`): an id taken, under the slot's lock,
+    /// when a chunk's content is taken orders it after whatever it replaced.
     pub fn reserve_ids(&self, n: u64) -> u64 {
-        let mut cur = lock(&self.current);
-        let first = cur.next_id;
-        cur.next_id += n;
-        first
+        // Not under `current`, which appends hold: stamps are taken under slot locks.
+        self.next_id.fetch_add(n, Ordering::Relaxed)
     }
 
     /// Closes the current segment (durably: its records may not have been synced yet) and
     /// begins the next one.
     fn rotate(&self, cur: &mut Current) -> io::Result<()> {
         cur.file.sync_data()?;
-        let mut next = Self::new_segment(&self.backing, &self.id, cur.number + 1)?;
-        next.next_id = cur.next_id;
+        let next = Self::new_segment(&self.backing, &self.id, cur.number + 1)?;
         let old = std::mem::replace(cur, next);
         lock(&self.segments).entry(old.path).or_insert(Segment {
             live: 0,
@@ -286,13 +315,10 @@ impl Journal {
                 .map(|r| r.id)
                 .collect()
         };
-        if !own.is_empty()
-            && let Err(e) = self.append_raw(record::encode_retire(&own))
-        {
-            // Without it a replay would write the records' (older) content again; the
-            // segments are then kept until a clean end removes them.
-            warn!("journal retirement not recorded: {e}");
-            return;
+        // Retired in memory either way (their segments may go, which is safe); but until
+        // the retirement is recorded, every sync fails (`record_retirements`).
+        if let Err(e) = self.record_retirements(own) {
+            warn!("journal retirement not recorded (fsync and flush fail until it is): {e}");
         }
         let (in_bodies, refs): (Vec<&RecordRef>, Vec<&RecordRef>) =
             refs.iter().partition(|r| body::is_body(&r.segment));
@@ -357,9 +383,22 @@ impl Journal {
         Ok(sync.written)
     }
 
+    /// Appends a retirement record for `ids` and for those not recorded before.
+    fn record_retirements(&self, ids: Vec<u64>) -> io::Result<()> {
+        let mut unrecorded = lock(&self.unrecorded);
+        unrecorded.extend(ids);
+        if unrecorded.is_empty() {
+            return Ok(());
+        }
+        self.append_raw(record::encode_retire(&unrecorded))?;
+        unrecorded.clear();
+        Ok(())
+    }
+
     /// Makes everything appended so far durable (retirements included). Free when
-    /// nothing is waiting.
+    /// nothing is waiting. Fails while a retirement cannot be recorded.
     pub fn sync_all(&self) -> io::Result<()> {
+        self.record_retirements(Vec::new())?;
         let seq = lock(&self.sync).written;
         self.sync_to(seq)
     }
@@ -389,25 +428,32 @@ impl Journal {
         lock(&self.segments).keys().any(of) || lock(&self.bodies).keys().any(of)
     }
 
-    /// At a clean end: when no record is live, this journal's files go.
-    pub fn close(&self) {
+    /// At a clean end: when no record is live, this journal's files go (which needs no
+    /// space: a retirement that a full disk kept from being recorded is moot then). Fails
+    /// when a file stays that a replay would read.
+    pub fn close(&self) -> io::Result<()> {
         if lock(&self.segments).values().any(|s| s.live > 0)
             || lock(&self.bodies).values().any(|b| b.live > 0)
         {
-            return;
+            return Err(io::Error::other("journal records are still live"));
         }
-        // Bodies begun for chunks that never got into them.
-        let empty: Vec<PathBuf> = std::mem::take(&mut *lock(&self.bodies))
+        // Bodies begun for chunks that never got into them, and every segment.
+        let mut files: Vec<PathBuf> = std::mem::take(&mut *lock(&self.bodies))
             .into_keys()
             .collect();
-        for path in empty {
-            let _ = self.backing.remove_file(&path);
+        files.extend(std::mem::take(&mut *lock(&self.segments)).into_keys());
+        files.push(lock(&self.current).path.clone());
+        for path in &files {
+            self.backing.remove_file(path)?;
         }
-        let current = lock(&self.current).path.clone();
-        let _ = self.backing.remove_file(&current);
+        // Durably gone: after a power cut, records whose retirement a full disk kept from
+        // being recorded must not come back.
+        self.backing.sync_dir(Path::new(JOURNAL_DIR))?;
+        lock(&self.unrecorded).clear();
         let _ = self
             .backing
             .remove_file(&Path::new(JOURNAL_DIR).join(format!("{}.lock", self.id)));
+        Ok(())
     }
 
     /// Bytes held by segments with live records, and by bodies.
@@ -550,38 +596,39 @@ fn replayed_from(
     let mut layouts: BTreeMap<u32, (PathBuf, Vec<u8>)> = BTreeMap::new();
     let (mut live, mut retired_some) = (0, false);
     for r in records {
-        match r {
+        let (layout, id, coords, data) = match r {
             record::Record::Layout { id, array, meta } => {
                 layouts.insert(id, (PathBuf::from(array), meta));
+                continue;
             }
             record::Record::Chunk {
                 layout,
                 id,
                 coords,
                 data,
-            } => {
-                let Some((array, meta)) = layouts.get(&layout) else {
-                    continue;
-                };
-                // Retired: durable in its shard, and maybe replaced since.
-                if retired.contains(&id) {
-                    retired_some = true;
-                    continue;
-                }
-                live += 1;
-                out.push(Replayed {
-                    array: array.clone(),
-                    meta: meta.clone(),
-                    coords,
-                    data,
-                    record: RecordRef {
-                        segment: path.to_path_buf(),
-                        id,
-                    },
-                });
-            }
-            record::Record::Retire { .. } => {}
+            } => (layout, id, coords, Some(data)),
+            record::Record::Gone { layout, id, coords } => (layout, id, coords, None),
+            record::Record::Retire { .. } => continue,
+        };
+        let Some((array, meta)) = layouts.get(&layout) else {
+            continue;
+        };
+        // Retired: durable in its shard, and maybe replaced since.
+        if retired.contains(&id) {
+            retired_some = true;
+            continue;
         }
+        live += 1;
+        out.push(Replayed {
+            array: array.clone(),
+            meta: meta.clone(),
+            coords,
+            data,
+            record: RecordRef {
+                segment: path.to_path_buf(),
+                id,
+            },
+        });
     }
     (live, retired_some)
 }

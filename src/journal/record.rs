@@ -12,6 +12,8 @@
 //!   the chunk's bytes`. Record ids grow through a journal.
 //! - kind 3, a retirement: `count (u32) | record ids (u64 each)`: those chunks are durable
 //!   in their shards (possibly overwritten since), and replay must not bring them back.
+//! - kind 4, a removal: `layout id (u32) | ndim (u32) | record id (u64) | coords`: the chunk
+//!   was deleted (or renamed away) after the records before it; replay deletes it.
 //!
 //! A record whose header or checksum does not hold ends the segment: it is the torn tail of
 //! a write whose fsync never returned.
@@ -23,6 +25,7 @@ pub const HEADER: usize = 16;
 const LAYOUT: u8 = 1;
 const CHUNK: u8 = 2;
 const RETIRE: u8 = 3;
+const GONE: u8 = 4;
 /// No record is larger: a chunk is at most 4 GiB, a layout far less.
 const MAX_PAYLOAD: u64 = (4 << 30) + (1 << 20);
 
@@ -43,6 +46,12 @@ pub enum Record {
     Retire {
         ids: Vec<u64>,
     },
+    /// The chunk at `coords` is removed, as of record `id`.
+    Gone {
+        layout: u32,
+        id: u64,
+        coords: Vec<u64>,
+    },
 }
 
 /// A layout record.
@@ -55,9 +64,8 @@ pub fn encode_layout(id: u32, array: &str, meta: &[u8]) -> Vec<u8> {
     framed(LAYOUT, payload)
 }
 
-/// A chunk record as buffers: header and fixed part in the first, then `data` as it is
-/// (the segments the kernel delivered, not joined).
-pub fn encode_chunk(layout: u32, id: u64, coords: &[u64], data: &[Bytes]) -> Vec<Bytes> {
+/// The fixed part of a chunk or removal record: layout, ndim, id, coordinates.
+fn chunk_head(layout: u32, id: u64, coords: &[u64]) -> Vec<u8> {
     let mut fixed = Vec::with_capacity(16 + 8 * coords.len());
     fixed.extend_from_slice(&layout.to_le_bytes());
     fixed.extend_from_slice(&(coords.len() as u32).to_le_bytes());
@@ -65,6 +73,18 @@ pub fn encode_chunk(layout: u32, id: u64, coords: &[u64], data: &[Bytes]) -> Vec
     for c in coords {
         fixed.extend_from_slice(&c.to_le_bytes());
     }
+    fixed
+}
+
+/// A removal record: the chunk at `coords` is gone as of record `id`.
+pub fn encode_gone(layout: u32, id: u64, coords: &[u64]) -> Vec<u8> {
+    framed(GONE, chunk_head(layout, id, coords))
+}
+
+/// A chunk record as buffers: header and fixed part in the first, then `data` as it is
+/// (the segments the kernel delivered, not joined).
+pub fn encode_chunk(layout: u32, id: u64, coords: &[u64], data: &[Bytes]) -> Vec<Bytes> {
+    let fixed = chunk_head(layout, id, coords);
     let mut crc = crc32c::crc32c(&fixed);
     let mut len = fixed.len() as u64;
     for d in data {
@@ -152,16 +172,21 @@ fn decode_one(bytes: &Bytes, at: usize) -> Option<(Record, usize)> {
                 meta: payload[8 + n..].to_vec(),
             }
         }
-        CHUNK => {
+        CHUNK | GONE => {
             let layout = u32_at(payload, 0)?;
             let ndim = u32_at(payload, 4)? as usize;
             let id = u64::from_le_bytes(payload.get(8..16)?.try_into().ok()?);
             let end = 16usize.checked_add(ndim.checked_mul(8)?)?;
-            Record::Chunk {
-                layout,
-                id,
-                coords: u64s(payload.get(16..end)?),
-                data: bytes.slice(start + end..start + len),
+            let coords = u64s(payload.get(16..end)?);
+            if h[4] == GONE {
+                Record::Gone { layout, id, coords }
+            } else {
+                Record::Chunk {
+                    layout,
+                    id,
+                    coords,
+                    data: bytes.slice(start + end..start + len),
+                }
             }
         }
         RETIRE => {
@@ -189,6 +214,7 @@ mod tests {
         seg.extend(join(encode_chunk(7, 1, &[1, 2], &data)));
         seg.extend(join(encode_chunk(7, 2, &[], &[])));
         seg.extend(encode_retire(&[1, 2]));
+        seg.extend(encode_gone(7, 4, &[1, 2]));
         let whole = seg.len();
         // A torn record after the good ones: its checksum cannot hold.
         let mut torn = join(encode_chunk(7, 3, &[3, 4], &[Bytes::from_static(b"lost")]));
@@ -217,6 +243,11 @@ mod tests {
                     data: Bytes::new()
                 },
                 Record::Retire { ids: vec![1, 2] },
+                Record::Gone {
+                    layout: 7,
+                    id: 4,
+                    coords: vec![1, 2]
+                },
             ]
         );
     }

@@ -14,7 +14,7 @@ fn entry<'a>(coords: &'a [u64], data: &'a [Bytes], id: u64) -> Entry<'a> {
         array: Path::new("a"),
         meta: META,
         coords,
-        data,
+        data: Some(data),
         id,
     }
 }
@@ -27,7 +27,7 @@ fn replay_after_crash(backing: &Backing, journal: Journal) -> Vec<(Vec<u64>, Byt
     next.adopt_dead()
         .unwrap()
         .into_iter()
-        .map(|r| (r.coords, r.data))
+        .map(|r| (r.coords, r.data.unwrap_or_default()))
         .collect()
 }
 

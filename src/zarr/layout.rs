@@ -312,6 +312,29 @@ fn grid_shape(shape: &[u64], chunk: &[u64]) -> Vec<u64> {
         .collect()
 }
 
+/// The encoded size of every inner chunk of the sharded array `meta` when its codecs fix
+/// it (no compression: only `transpose`, `bytes`, then `crc32c`), else `None`. A stored
+/// chunk of any other size is damage (a whole shard taken for a chunk, a torn copy).
+pub fn fixed_chunk_bytes(meta: &ArrayMetadata) -> Option<u64> {
+    let config = sharding_config(meta).ok()??;
+    let layout = ShardLayout::of(meta).ok()??;
+    let elements = layout
+        .chunk_shape
+        .iter()
+        .try_fold(1u64, |a, &b| a.checked_mul(b))?;
+    let mut size = elements.checked_mul(meta.item_size()?)?;
+    let mut serialized = false;
+    for c in &config.codecs {
+        match (c.name.as_str(), serialized) {
+            ("transpose", false) => {}
+            ("bytes", false) => serialized = true,
+            ("crc32c", true) => size = size.checked_add(4)?,
+            _ => return None,
+        }
+    }
+    serialized.then_some(size)
+}
+
 /// The unsharded equivalent of a sharded array: chunk shape = inner chunk shape, codecs =
 /// inner codecs, everything else unchanged.
 pub fn unsharded_view(meta: &ArrayMetadata) -> Result<ArrayMetadata, LayoutError> {

@@ -14,8 +14,8 @@ use bytes::Bytes;
 
 use super::super::array::{ArrayState, lock};
 use super::super::error::FsError;
-use super::super::memfile::MemFile;
-use super::{ShardRegistry, ShardSlot};
+use super::super::memfile::{FileData, MemFile};
+use super::{Held, ShardRegistry, ShardSlot, ShardState};
 use crate::backing::Backing;
 use crate::journal::body::{Body, BodyChunk};
 use crate::journal::{Entry, Journal, RecordRef};
@@ -58,7 +58,7 @@ impl ShardRegistry {
     ) -> Result<(), FsError> {
         let mut groups: BTreeMap<(std::path::PathBuf, Vec<u64>), Vec<&PendingChunk>> =
             BTreeMap::new();
-        for f in files.iter().filter(|f| f.2.needs_journal()) {
+        for f in files {
             let shard = f.0.layout.locate(&f.1).shard;
             groups.entry((f.0.rel.clone(), shard)).or_default().push(f);
         }
@@ -74,27 +74,28 @@ impl ShardRegistry {
     }
 
     /// Takes the current content of those of `group` that are still their chunk's and
-    /// need a record, each with an id reserved first.
+    /// that no record holds yet, each stamped (its record's id) under the slot's lock.
     fn take(&self, journal: &Journal, slot: &ShardSlot, group: &[&PendingChunk]) -> Vec<Taken> {
-        let first = journal.reserve_ids(group.len() as u64);
         let st = lock(&slot.state);
         group
             .iter()
-            .zip(first..)
-            .filter_map(|((_, coords, file), id)| {
+            .filter_map(|(_, coords, file)| {
                 let pos = slot.array.layout.locate(coords).pos;
                 let current = st.pending.get(&pos).is_some_and(|m| Arc::ptr_eq(m, file));
-                if !current || !file.needs_journal() {
+                if !current || file.with(|s| s.retired) {
                     return None;
                 }
                 let (version, data) = file.content();
+                if st.ledger.holds(pos, file.held(version)) {
+                    return None;
+                }
                 Some(Taken {
                     coords: coords.clone(),
                     pos,
                     file: file.clone(),
                     version,
                     data,
-                    id,
+                    id: journal.reserve_ids(1),
                 })
             })
             .collect()
@@ -187,10 +188,8 @@ impl ShardRegistry {
         Ok(Some(body))
     }
 
-    /// Gives each durable record to what it holds: the file, if still its chunk's (and,
-    /// for a body, the body's map of where it is); the chunk's superseded records, if the
-    /// file was replaced meanwhile; or, if the file went into a shard write meanwhile, that
-    /// shard's durability, which it then waits for like the records the write retired.
+    /// Books each durable record in the ledger of its position (and, for a body, where the
+    /// chunk's bytes are, if the file is still its chunk's).
     fn attach(
         &self,
         slot: &ShardSlot,
@@ -199,6 +198,7 @@ impl ShardRegistry {
         records: impl Iterator<Item = (RecordRef, Option<ChunkRange>)>,
     ) {
         let mut late = Vec::new();
+        let mut removals = Vec::new();
         {
             let mut st = lock(&slot.state);
             let attached =
@@ -208,15 +208,7 @@ impl ShardRegistry {
                     .pending
                     .get(&t.pos)
                     .is_some_and(|m| Arc::ptr_eq(m, &t.file));
-                if !current {
-                    if t.file.with(|s| s.retired) {
-                        late.push(record);
-                    } else {
-                        st.superseded.entry(t.pos).or_default().push(record);
-                    }
-                    continue;
-                }
-                if let (true, Some(range)) = (attached, range) {
+                if let (true, true, Some(range)) = (current, attached, range) {
                     let at = InBody {
                         file: t.file.clone(),
                         version: t.version,
@@ -224,12 +216,87 @@ impl ShardRegistry {
                     };
                     st.in_body.insert(t.pos, at);
                 }
-                late.extend(t.file.add_records(t.version, vec![record]));
+                let held = t.file.held(t.version);
+                late.extend(book(&mut st, t.pos, t.id, record, held));
+                // Deleted while its record was being written: the removal comes after it.
+                if st.deleted.contains(&t.pos) && st.ledger.needs_removal(t.pos) {
+                    removals.push((t.coords.clone(), self.stamp()));
+                }
             }
         }
         if !late.is_empty() {
             self.note_unsynced(&slot.array, &slot.shard, late);
         }
+        for (coords, stamp) in removals {
+            self.journal_removal(slot, &coords, stamp);
+        }
+    }
+
+    /// Journals the removal of the chunk at `coords` (its position's state as of `stamp`),
+    /// without waiting for a sync: the next one, which every fsync ends with, makes it
+    /// durable. When it cannot be appended, the position keeps needing its removal, which
+    /// an fsync of its directory then writes into the shard instead.
+    pub(super) fn journal_removal(&self, slot: &ShardSlot, coords: &[u64], stamp: u64) {
+        let Some(journal) = self.journal() else {
+            return;
+        };
+        let meta = Node::Array(slot.array.meta.clone()).to_json_bytes();
+        let entry = Entry {
+            array: &slot.array.rel,
+            meta: &meta,
+            coords,
+            data: None,
+            id: stamp,
+        };
+        let record = match journal.append_unsynced(std::slice::from_ref(&entry)) {
+            Ok(mut r) => r.remove(0),
+            Err(e) => {
+                tracing::warn!(array = %slot.array.rel.display(), ?coords,
+                    "removal not journaled (an fsync of its directory writes it): {e}");
+                return;
+            }
+        };
+        let pos = slot.array.layout.locate(coords).pos;
+        let late = book(&mut lock(&slot.state), pos, stamp, record, Held::Removal);
+        if let Some(late) = late {
+            self.note_unsynced(&slot.array, &slot.shard, vec![late]);
+        }
+    }
+
+    /// A record read back from a dead mount's journal becomes the chunk's pending state
+    /// (its content, or its removal), booked in the ledger like a record of this mount's.
+    pub(crate) fn replay_record(
+        &self,
+        backing: &Backing,
+        array: &Arc<ArrayState>,
+        coords: &[u64],
+        data: Option<Bytes>,
+        record: RecordRef,
+    ) -> Result<(), FsError> {
+        let held = match data {
+            Some(bytes) => {
+                let file = Arc::new(MemFile::new(FileData::from_bytes(bytes), 0o644));
+                self.charge(file.len() as i64);
+                let held = file.held(0);
+                self.put(backing, array, coords, file)?;
+                held
+            }
+            None => {
+                self.delete(backing, array, coords)?;
+                Held::Removal
+            }
+        };
+        let loc = array.layout.locate(coords);
+        let slot = self.slot(backing, array, &loc.shard)?;
+        let late = {
+            let mut st = lock(&slot.state);
+            let stamp = self.stamp();
+            book(&mut st, loc.pos, stamp, record, held)
+        };
+        if let Some(late) = late {
+            self.note_unsynced(array, &loc.shard, vec![late]);
+        }
+        Ok(())
     }
 
     /// The slot's shard is no longer wanted as a body (its slot is dropped).
@@ -247,7 +314,27 @@ fn entry<'a>(slot: &'a ShardSlot, meta: &'a [u8], t: &'a Taken) -> Entry<'a> {
         array: &slot.array.rel,
         meta,
         coords: &t.coords,
-        data: &t.data,
+        data: Some(&t.data),
         id: t.id,
+    }
+}
+
+/// Books a durable record of position `pos` (stamped `stamp`) in the slot's ledger. While the
+/// position still has a state waiting to be written (pending or deleted), that state's write
+/// comes later than the record and retires it. Otherwise a write has already taken a later
+/// state (or this very content): the record is returned, to wait for that shard's
+/// durability like the records the write retired.
+fn book(
+    st: &mut ShardState,
+    pos: usize,
+    stamp: u64,
+    record: RecordRef,
+    held: Held,
+) -> Option<RecordRef> {
+    if st.pending.contains_key(&pos) || st.deleted.contains(&pos) {
+        st.ledger.add(pos, stamp, record, held);
+        None
+    } else {
+        Some(record)
     }
 }

@@ -9,6 +9,7 @@
 //! `stored.rs` reads shard files.
 
 mod body;
+mod ledger;
 mod list;
 mod stored;
 mod write;
@@ -29,6 +30,8 @@ use super::stats::Stats;
 use crate::backing::Backing;
 use crate::shard::IndexError;
 pub(crate) use body::PendingChunk;
+pub(crate) use ledger::Held;
+use ledger::Ledger;
 pub use stored::StoredChunk;
 use stored::{OpenShard, StoredIndex, open_shard};
 pub use write::{WriteMode, panic_text};
@@ -98,9 +101,8 @@ pub(crate) struct ShardState {
     deleted: BTreeSet<usize>,
     /// Positions written (and closed) or deleted in this round.
     done: BTreeSet<usize>,
-    /// Journal records of content replaced or deleted before it reached the shard: retired
-    /// once a write of the shard includes what replaced it.
-    superseded: BTreeMap<usize, Vec<crate::journal::RecordRef>>,
+    /// The journal records of its positions, and the rule that retires them.
+    ledger: Ledger,
     last_change: Option<Instant>,
     failure: Option<Failure>,
     /// The file fsynced chunks of this (new) shard are journaled into, and which versions
@@ -119,10 +121,10 @@ impl ShardState {
     }
 
     /// Whether a deletion here would come back after a crash: the shard file (as last
-    /// seen) holds the chunk, or the journal holds a version of it.
+    /// seen) holds the chunk, or the journal holds a content of it and no removal after.
     pub(crate) fn deletion_to_write(&self) -> bool {
         self.deleted.iter().any(|p| {
-            self.superseded.get(p).is_some_and(|r| !r.is_empty())
+            self.ledger.needs_removal(*p)
                 || match &self.stored {
                     Some(s) => s.index.as_ref().map_or(true, |i| i.get(*p).is_some()),
                     None => false,
@@ -326,15 +328,27 @@ impl ShardRegistry {
     /// waited on it.
     pub fn make_all_durable(&self, backing: &Backing) -> Result<(), FsError> {
         let all = std::mem::take(&mut *lock(&self.unsynced));
-        if all.is_empty() {
-            return Ok(());
+        if !all.is_empty() {
+            if let Err(e) = backing.sync_fs() {
+                lock(&self.unsynced).extend(all);
+                return Err(e.into());
+            }
+            self.retire(all.into_values().flat_map(|u| u.records).collect());
         }
-        if let Err(e) = backing.sync_fs() {
-            lock(&self.unsynced).extend(all);
-            return Err(e.into());
+        // The retirements too: "durable" means no replay can bring older content back.
+        self.sync_journal()
+    }
+
+    /// Makes the journal's appends durable, retirements included; fails while one cannot
+    /// be recorded.
+    fn sync_journal(&self) -> Result<(), FsError> {
+        match self.journal() {
+            Some(j) => j.sync_all().map_err(|e| {
+                let errno = e.raw_os_error().unwrap_or(libc::EIO);
+                FsError::Failed(format!("journal retirements not recorded: {e}"), errno)
+            }),
+            None => Ok(()),
         }
-        self.retire(all.into_values().flat_map(|u| u.records).collect());
-        Ok(())
     }
 
     fn tick(&self) -> u64 {
@@ -556,7 +570,8 @@ impl ShardRegistry {
         if let Some(m) = st.pending.get(&loc.pos).cloned() {
             if truncate {
                 let delta = m.change(|d| d.truncate(0)).unwrap_or(0);
-                // A new writer's content: an earlier writer's fsync does not cover it.
+                // A new writer's content: an earlier writer's fsync does not cover it (and
+                // the new version is in no record).
                 m.with(|s| s.fsynced = false);
                 self.charge(delta);
                 // Emptied for a new writer: not done until that writer closes it.
@@ -611,11 +626,11 @@ impl ShardRegistry {
             st.done.insert(loc.pos);
         }
         st.last_change = Some(Instant::now());
+        // The records of what it replaces stay in the ledger: the next write of the
+        // position retires them.
         let old = st.pending.insert(loc.pos, file);
         if let Some(o) = &old {
             self.charge(-(o.len() as i64));
-            let records = o.take_records();
-            st.superseded.entry(loc.pos).or_default().extend(records);
         }
         Ok(old)
     }
@@ -633,10 +648,6 @@ impl ShardRegistry {
         let had_pending = st.pending.remove(&loc.pos).inspect(|m| {
             self.charge(-(m.len() as i64));
         });
-        if let Some(m) = &had_pending {
-            let records = m.take_records();
-            st.superseded.entry(loc.pos).or_default().extend(records);
-        }
         let stored = match self.open_stored(&slot, &loc.shard, &mut st)? {
             Some(OpenShard { stored, .. }) => match stored.index {
                 Ok(index) => index.get(loc.pos).is_some(),
@@ -654,6 +665,13 @@ impl ShardRegistry {
         if existed {
             st.done.insert(loc.pos);
             st.last_change = Some(Instant::now());
+        }
+        // A content of it in the journal must not come back: its removal is journaled
+        // too, durable with the next sync (before any later fsync returns).
+        let removal = st.ledger.needs_removal(loc.pos).then(|| self.stamp());
+        drop(st);
+        if let Some(stamp) = removal {
+            self.journal_removal(&slot, coords, stamp);
         }
         Ok(existed)
     }
@@ -758,7 +776,8 @@ impl ShardRegistry {
         for slot in self.slots_below(array, shard_prefix) {
             let st = lock(&slot.state);
             for (pos, m) in &st.pending {
-                if !(m.durable_on_request() && m.needs_journal()) {
+                let (version, durable) = m.with(|s| (s.version, s.unflushed == 0 || s.fsynced));
+                if !durable || st.ledger.holds(*pos, m.held(version)) {
                     continue;
                 }
                 let coords = slot.array.layout.chunk_coords(&slot.shard, *pos);
@@ -809,8 +828,7 @@ impl ShardRegistry {
                     bytes: st.pending.values().map(|m| m.len()).sum(),
                     chunks: st.pending.len(),
                     last_change: st.last_change.max(touched),
-                    journaled: !st.superseded.is_empty()
-                        || st.pending.values().any(|m| m.is_journaled()),
+                    journaled: !st.ledger.is_empty(),
                     failure: st.failure.clone(),
                     all_settled: st.pending.values().all(|m| m.settled()),
                 })
@@ -839,8 +857,9 @@ impl ShardRegistry {
         }
     }
 
-    /// Drops everything of the array at `rel`, pending chunks included (an import that
-    /// was undone: the chunks are back in their files).
+    /// Drops what an import put into the array at `rel` (it was undone: the chunks are
+    /// back in their files). What the journal holds a record of is kept, to be written
+    /// under the layout it belongs to: it came from an earlier array at that path.
     pub fn discard_array(&self, rel: &Path) {
         let mut bodies = Vec::new();
         let mut slots = lock(&self.slots);
@@ -849,17 +868,25 @@ impl ShardRegistry {
                 return true;
             }
             let mut st = lock(&slot.state);
-            let held: u64 = st.pending.values().map(|m| m.len()).sum();
-            self.charge(-(held as i64));
-            for m in st.pending.values() {
-                self.retire(m.take_records());
+            let ShardState {
+                pending,
+                deleted,
+                ledger,
+                ..
+            } = &mut *st;
+            pending.retain(|pos, m| {
+                let keep = ledger.has_records(*pos);
+                if !keep {
+                    self.charge(-(m.len() as i64));
+                }
+                keep
+            });
+            deleted.retain(|pos| ledger.has_records(*pos));
+            if !st.clean() {
+                return true;
             }
-            let superseded = std::mem::take(&mut st.superseded);
-            self.retire(superseded.into_values().flatten().collect());
             st.in_body.clear();
             bodies.push(st.body.take());
-            st.pending.clear();
-            st.deleted.clear();
             self.uncache(&mut st);
             false
         });
@@ -869,5 +896,10 @@ impl ShardRegistry {
         for body in bodies {
             self.drop_body(body);
         }
+    }
+
+    /// The next stamp of the journal's sequence (`ledger`): taken under the slot's lock.
+    pub(super) fn stamp(&self) -> u64 {
+        self.journal().map_or(0, |j| j.reserve_ids(1))
     }
 }

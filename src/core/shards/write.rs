@@ -47,6 +47,8 @@ type Chosen = (usize, Arc<MemFile>, u64, Vec<Bytes>);
 
 /// What a shard write takes from its slot, under the slot's lock.
 struct Taken {
+    /// When it was taken (`ledger`): the records before it are obsolete once it is durable.
+    stamp: u64,
     chosen: Vec<Chosen>,
     deleted: BTreeSet<usize>,
     /// Positions done when taken: a complete write ends their round.
@@ -56,7 +58,7 @@ struct Taken {
 
 /// What goes into the new file (every pending chunk with `take_all`, else the settled
 /// ones), taken under the slot's lock; the I/O happens outside it. `None`: nothing to do.
-fn choose(slot: &ShardSlot, take_all: bool) -> Option<Taken> {
+fn choose(reg: &ShardRegistry, slot: &ShardSlot, take_all: bool) -> Option<Taken> {
     let st = lock(&slot.state);
     let chosen: Vec<Chosen> = st
         .pending
@@ -71,6 +73,7 @@ fn choose(slot: &ShardSlot, take_all: bool) -> Option<Taken> {
         return None;
     }
     Some(Taken {
+        stamp: reg.stamp(),
         chosen,
         deleted: st.deleted.clone(),
         done: st.done.clone(),
@@ -119,7 +122,7 @@ impl ShardRegistry {
         // not, since any of them may have fsynced content in it.
         let take_all =
             matches!(mode, WriteMode::Everything | WriteMode::Replace) || finishing.is_some();
-        let Some(taken) = choose(slot, take_all) else {
+        let Some(taken) = choose(self, slot, take_all) else {
             if let (Some(j), Some(f)) = (&journal, &finishing) {
                 j.body_abandoned(f);
             }
@@ -234,14 +237,19 @@ impl ShardRegistry {
             if current && m.retire_at(*version) {
                 st.pending.remove(pos);
                 self.charge(-(m.len() as i64));
-                durable.extend(m.take_records());
             }
-            // What this content replaced is in the shard no more.
-            durable.extend(st.superseded.remove(pos).unwrap_or_default());
         }
         for pos in &taken.deleted {
-            durable.extend(st.superseded.remove(pos).unwrap_or_default());
             st.deleted.remove(pos);
+        }
+        let covered = taken
+            .chosen
+            .iter()
+            .map(|c| c.0)
+            .chain(taken.deleted.iter().copied());
+        for pos in covered.collect::<BTreeSet<usize>>() {
+            let settled = !st.pending.contains_key(&pos) && !st.deleted.contains(&pos);
+            durable.extend(st.ledger.covered(pos, taken.stamp, settled));
         }
         self.set_stored(&mut st, written.stored);
         if mode == WriteMode::Complete {

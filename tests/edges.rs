@@ -1,0 +1,379 @@
+//! The POSIX edges where a mount once lost acknowledged writes or corrupted an array: each
+//! defect found by trying the mount as an adversarial user would, as its own regression
+//! test. A durable rename must carry the fsynced content to its new name; a `zarr.json`
+//! rewritten from a shell or removed and put back must leave the array as it was; a deleted
+//! chunk must stay deleted.
+
+mod common;
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use common::mount::{Mounted, dirs, run_timeout, shardfs_timeout, stats};
+use common::{assert_ok, stdout};
+
+const LIMIT: Duration = Duration::from_secs(300);
+
+/// A 1-D uint8 array of 8 chunks of 16 bytes, stored without compression.
+const LINE: &str = r#"{"zarr_format":3,"node_type":"array","shape":[128],"data_type":"uint8",
+"chunk_grid":{"name":"regular","configuration":{"chunk_shape":[16]}},
+"chunk_key_encoding":{"name":"default","configuration":{"separator":"/"}},
+"fill_value":0,"codecs":[{"name":"bytes"}],"attributes":{}}"#;
+
+/// A 16x16 uint8 array of 2x2 chunks of 8x8.
+const SQUARE: &str = r#"{"zarr_format":3,"node_type":"array","shape":[16,16],"data_type":"uint8",
+"chunk_grid":{"name":"regular","configuration":{"chunk_shape":[8,8]}},
+"chunk_key_encoding":{"name":"default","configuration":{"separator":"/"}},
+"fill_value":0,"codecs":[{"name":"bytes"}],"attributes":{}}"#;
+
+fn array(m: &Mounted, name: &str, doc: &str) -> PathBuf {
+    let a = m.path(name);
+    fs::create_dir_all(&a).unwrap();
+    fs::write(a.join("zarr.json"), doc).unwrap();
+    a
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) {
+    fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let mut f = fs::File::create(path).unwrap();
+    f.write_all(bytes).unwrap();
+    f.sync_all().unwrap();
+}
+
+fn fsync_path(path: &Path) {
+    fs::File::open(path).unwrap().sync_all().unwrap();
+}
+
+/// SIGKILLs the daemon, clears the dead mount point, and mounts BACKING again (which
+/// replays the journal).
+fn crash_and_remount(m: Mounted, args: &[&str]) -> Mounted {
+    m.kill_daemon();
+    let _ = m.unmount(&[]);
+    let backing = m.backing.clone();
+    drop(m);
+    Mounted::new(&backing, args, LIMIT)
+}
+
+fn verify(backing: &Path) {
+    let out = shardfs_timeout(&["verify", backing.to_str().unwrap()], LIMIT);
+    assert_ok(&out, "shardfs verify");
+}
+
+fn flush(m: &Mounted) {
+    let out = shardfs_timeout(&["flush", m.mountpoint.to_str().unwrap()], LIMIT);
+    assert_ok(&out, "shardfs flush");
+}
+
+fn stored_doc(backing: &Path, array: &str) -> serde_json::Value {
+    serde_json::from_slice(&fs::read(backing.join(array).join("zarr.json")).unwrap()).unwrap()
+}
+
+fn is_sharded(doc: &serde_json::Value) -> bool {
+    doc["codecs"][0]["name"] == "sharding_indexed"
+}
+
+/// Defect 1a: a chunk fsynced, closed, renamed onto another key, and fsynced there, is
+/// durable at the new name only.
+#[test]
+fn a_chunk_renamed_after_its_fsync_is_durable_at_its_new_name() {
+    let args = ["--chunks-per-shard", "4"];
+    let (_d, backing, _) = dirs();
+    let m = Mounted::new(&backing, &args, LIMIT);
+    let a = array(&m, "a", LINE);
+    write_synced(&a.join("c/0"), &[7; 16]);
+    fs::rename(a.join("c/0"), a.join("c/1")).unwrap();
+    fsync_path(&a.join("c/1"));
+    let m = crash_and_remount(m, &args);
+    let a = m.path("a");
+    assert_eq!(
+        fs::read(a.join("c/1")).unwrap(),
+        vec![7; 16],
+        "c/1 after the crash"
+    );
+    assert!(!a.join("c/0").exists(), "c/0 came back after the crash");
+    assert_ok(&m.unmount(&[]), "unmount");
+    verify(&backing);
+}
+
+/// Defect 1b: the durable-rename sequence (fsync the file, rename it into another key
+/// directory, fsync both directories) keeps the chunk at its new name across a crash.
+#[test]
+fn the_durable_rename_sequence_survives_a_crash() {
+    let args = ["--chunks-per-shard", "1,2"];
+    let (_d, backing, _) = dirs();
+    let m = Mounted::new(&backing, &args, LIMIT);
+    let a = array(&m, "a", SQUARE);
+    write_synced(&a.join("c/0/0"), &[9; 64]);
+    fs::create_dir_all(a.join("c/1")).unwrap();
+    fs::rename(a.join("c/0/0"), a.join("c/1/0")).unwrap();
+    fsync_path(&a.join("c/0"));
+    fsync_path(&a.join("c/1"));
+    let m = crash_and_remount(m, &args);
+    let a = m.path("a");
+    assert_eq!(
+        fs::read(a.join("c/1/0")).unwrap(),
+        vec![9; 64],
+        "c/1/0 after the crash"
+    );
+    assert!(!a.join("c/0/0").exists(), "c/0/0 came back after the crash");
+    assert_ok(&m.unmount(&[]), "unmount");
+    verify(&backing);
+}
+
+/// Defect 5: an unlink that races an fsync of the array's directory leaves no record
+/// behind: after a flush nothing is live, and the chunk stays deleted across a remount.
+#[test]
+fn an_unlink_racing_a_directory_fsync_stays_deleted() {
+    let args = ["--chunks-per-shard", "4"];
+    let (_d, backing, _) = dirs();
+    let m = Mounted::new(&backing, &args, LIMIT);
+    let big = LINE
+        .replace("[128]", "[67108864]")
+        .replace("[16]", "[8388608]");
+    let a = array(&m, "a", &big);
+    let chunk = vec![5u8; 8 << 20];
+    for round in 0..16u64 {
+        // The shard holds the chunk alone, so that the unlink empties it and writes it at
+        // once; the fsync meanwhile journals the content that replaced the stored one.
+        fs::create_dir_all(a.join("c")).unwrap();
+        fs::write(a.join("c/0"), &chunk).unwrap();
+        flush(&m);
+        fs::write(a.join("c/0"), &chunk).unwrap();
+        let dir = a.clone();
+        let syncer = std::thread::spawn(move || {
+            let _ = fs::File::open(&dir).and_then(|f| f.sync_all());
+        });
+        std::thread::sleep(Duration::from_micros(700 * (round % 8)));
+        fs::remove_file(a.join("c/0")).unwrap();
+        syncer.join().unwrap();
+    }
+    flush(&m);
+    let s = stats(&m);
+    assert_eq!(s["pending_chunks"], 0, "{s}");
+    assert_eq!(
+        s["live_records"],
+        0,
+        "records left live: {s}\n{}",
+        m.log_text()
+    );
+    assert_ok(&m.unmount(&[]), "unmount");
+    let m = Mounted::new(&backing, &args, LIMIT);
+    assert!(!m.path("a/c/0").exists(), "the deleted chunk came back");
+    assert_ok(&m.unmount(&[]), "unmount");
+}
+
+/// Writes chunks 0..8 of `a` (chunk k filled with k+1) and flushes them into shards.
+fn eight_chunks(m: &Mounted, a: &Path) {
+    fs::create_dir_all(a.join("c")).unwrap();
+    for k in 0..8u8 {
+        fs::write(a.join(format!("c/{k}")), [k + 1; 16]).unwrap();
+    }
+    flush(m);
+}
+
+fn assert_eight_chunks(a: &Path) {
+    for k in 0..8u8 {
+        assert_eq!(
+            fs::read(a.join(format!("c/{k}"))).unwrap(),
+            vec![k + 1; 16],
+            "chunk {k}"
+        );
+    }
+}
+
+fn sh(script: &str) -> std::process::Output {
+    run_timeout(Command::new("sh").args(["-c", script]), LIMIT)
+}
+
+fn zarr_reads(a: &Path) {
+    let code = "import sys, zarr, numpy as np\n\
+                z = zarr.open_array(sys.argv[1], mode='r')\n\
+                want = np.repeat(np.arange(1, 9, dtype='u1'), 16)\n\
+                assert (z[...] == want).all(), z[...]\n";
+    common::mount::python_ok("zarr-python reads the array", code, &[a]);
+}
+
+/// Defect 2: `zarr.json` removed and put back (the document the mount showed): the shard
+/// files are never taken for chunk files, and the array reads as it was.
+#[test]
+fn zarr_json_removed_and_put_back_leaves_the_array_unchanged() {
+    let args = ["--chunks-per-shard", "4"];
+    let (d, backing, _) = dirs();
+    let m = Mounted::new(&backing, &args, LIMIT);
+    let a = array(&m, "a", LINE);
+    eight_chunks(&m, &a);
+    let saved = d.path().join("saved.json");
+    fs::copy(a.join("zarr.json"), &saved).unwrap();
+    fs::remove_file(a.join("zarr.json")).unwrap();
+    fs::copy(&saved, a.join("zarr.json")).unwrap();
+    assert_eight_chunks(&a);
+    zarr_reads(&a);
+    assert_ok(&m.unmount(&[]), "unmount");
+    assert!(is_sharded(&stored_doc(&backing, "a")));
+    verify(&backing);
+    let m = Mounted::new(&backing, &args, LIMIT);
+    assert_eight_chunks(&m.path("a"));
+    assert_ok(&m.unmount(&[]), "unmount");
+}
+
+/// Defect 2, the other half: `verify` sees a chunk whose size the codecs fix (no
+/// compressor) at any other size, as when a whole shard was taken for one chunk.
+#[test]
+fn verify_finds_a_chunk_of_the_wrong_size() {
+    let (_d, backing, _) = dirs();
+    let m = Mounted::new(&backing, &["--chunks-per-shard", "4"], LIMIT);
+    let a = array(&m, "a", LINE);
+    eight_chunks(&m, &a);
+    assert_ok(&m.unmount(&[]), "unmount");
+    verify(&backing);
+    // Shard c/1 rebuilt outside the mount with its first chunk 17 bytes long.
+    let shard = backing.join("a/c/1");
+    let mut body = vec![5u8; 17];
+    body.extend([6u8; 48]);
+    let ranges = [(0u64, 17u64), (17, 16), (33, 16), (49, 16)];
+    let mut index = Vec::new();
+    for (off, n) in ranges {
+        index.extend(off.to_le_bytes());
+        index.extend(n.to_le_bytes());
+    }
+    let crc = crc32c::crc32c(&index);
+    body.extend(&index);
+    body.extend(crc.to_le_bytes());
+    fs::write(&shard, &body).unwrap();
+    let out = shardfs_timeout(&["verify", backing.to_str().unwrap()], LIMIT);
+    assert_eq!(out.status.code(), Some(1), "verify: {}", stdout(&out));
+    assert!(
+        stdout(&out).contains("17 bytes") && stdout(&out).contains("16"),
+        "verify names the size: {}",
+        stdout(&out)
+    );
+}
+
+/// Defect 6: `cat view.json > MNT/a/zarr.json` (the shell truncates, closes a duplicate
+/// with nothing written, then writes) keeps the array sharded and readable.
+#[test]
+fn a_shell_redirect_onto_zarr_json_keeps_the_array() {
+    let args = ["--chunks-per-shard", "4"];
+    let (d, backing, _) = dirs();
+    let m = Mounted::new(&backing, &args, LIMIT);
+    let a = array(&m, "a", LINE);
+    eight_chunks(&m, &a);
+    let view = d.path().join("view.json");
+    fs::copy(a.join("zarr.json"), &view).unwrap();
+    let doc = a.join("zarr.json");
+    let out = sh(&format!("cat {} > {}", view.display(), doc.display()));
+    assert_ok(&out, "cat > zarr.json");
+    assert_eight_chunks(&a);
+    zarr_reads(&a);
+    // Nothing, then garbage: the array's document is never replaced by either.
+    let _ = sh(&format!(": > {}", doc.display()));
+    let _ = sh(&format!("echo garbage > {}", doc.display()));
+    assert_eq!(fs::read(&doc).unwrap(), fs::read(&view).unwrap());
+    assert_eight_chunks(&a);
+    assert!(is_sharded(&stored_doc(&backing, "a")));
+    assert_ok(&m.unmount(&[]), "unmount");
+    assert!(is_sharded(&stored_doc(&backing, "a")));
+    verify(&backing);
+}
+
+/// Defect 6, a new array: `cat <<EOF > MNT/new/zarr.json` creates it sharded.
+#[test]
+fn a_heredoc_creates_a_sharded_array() {
+    let args = ["--chunks-per-shard", "4"];
+    let (_d, backing, _) = dirs();
+    let m = Mounted::new(&backing, &args, LIMIT);
+    let dir = m.path("new");
+    fs::create_dir(&dir).unwrap();
+    let out = sh(&format!(
+        "cat <<EOF > {}\n{}\nEOF",
+        dir.join("zarr.json").display(),
+        LINE
+    ));
+    assert_ok(&out, "heredoc");
+    eight_chunks(&m, &dir);
+    assert_ok(&m.unmount(&[]), "unmount");
+    assert!(is_sharded(&stored_doc(&backing, "new")));
+    verify(&backing);
+}
+
+/// LINE with zstd: its chunk files may have any size (the mount never decodes them).
+fn any_size_line() -> String {
+    LINE.replace(
+        r#"[{"name":"bytes"}]"#,
+        r#"[{"name":"bytes","configuration":{"endian":"little"}},{"name":"zstd","configuration":{"level":0,"checksum":false}}]"#,
+    )
+}
+
+/// The size of this mount's one journal segment.
+fn segment_len(backing: &Path) -> u64 {
+    let segs: Vec<u64> = fs::read_dir(backing.join(".shardfs/journal"))
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".seg"))
+        .map(|e| e.metadata().unwrap().len())
+        .collect();
+    assert_eq!(segs.len(), 1, "one segment");
+    segs[0]
+}
+
+/// Fills the file system of `dir` (a tmpfs) with `dir/fill`.
+fn fill_up(dir: &Path) {
+    let mut f = fs::File::create(dir.join("fill")).unwrap();
+    let block = vec![0u8; 4096];
+    while f.write_all(&block).is_ok() {}
+    let _ = f.sync_all();
+}
+
+/// Defect 4: a retirement that a full disk keeps from being recorded must not let an older
+/// fsynced content replay over a newer one: `flush` fails instead of saying "all durable",
+/// and once there is room again the unmount records it, so the remount reads the newer
+/// content.
+#[test]
+fn a_retirement_refused_by_a_full_disk_fails_flush_and_rolls_nothing_back() {
+    let args = ["--chunks-per-shard", "4"];
+    let (d, _, _) = dirs();
+    let tmpfs = common::mount::Tmpfs::new(&d.path().join("small"), "1M");
+    let backing = tmpfs.0.clone();
+    let m = Mounted::new(&backing, &args, LIMIT);
+    let a = array(&m, "a", LINE);
+    let b = array(&m, "b", &any_size_line());
+    // Complete shards of a and b exist, so fsyncs journal into the shared segment.
+    fs::create_dir_all(a.join("c")).unwrap();
+    fs::create_dir_all(b.join("c")).unwrap();
+    for k in 0..4u8 {
+        fs::write(a.join(format!("c/{k}")), [1; 16]).unwrap();
+        fs::write(b.join(format!("c/{k}")), [1; 16]).unwrap();
+    }
+    write_synced(&a.join("c/0"), &[2; 16]); // v1, fsynced: a record
+    write_synced(&b.join("c/0"), &[2; 16]);
+    // Pad the segment to a page boundary, so that the retirement needs a new page.
+    let room = 4096 - segment_len(&backing) % 4096;
+    let pad = (room + 4096 - 40) % 4096;
+    write_synced(&b.join("c/1"), &vec![3; pad as usize]);
+    assert_eq!(segment_len(&backing) % 4096, 0, "segment padded");
+    // v2 of shard 0 of a, not fsynced: the shard is complete, written, not yet durable.
+    for k in 0..4u8 {
+        fs::write(a.join(format!("c/{k}")), [4; 16]).unwrap();
+    }
+    fill_up(&backing);
+    let mnt = m.mountpoint.to_str().unwrap();
+    let a_mnt = a.to_str().unwrap();
+    let out = shardfs_timeout(&["flush", mnt, a_mnt], LIMIT);
+    let said = format!("{}{}", stdout(&out), common::stderr(&out));
+    assert_eq!(out.status.code(), Some(1), "flush on a full disk: {said}");
+    assert!(said.contains("retirements not recorded"), "{said}");
+    fs::remove_file(backing.join("fill")).unwrap();
+    assert_ok(&m.unmount(&[]), "unmount once there is room");
+    let m = Mounted::new(&backing, &args, LIMIT);
+    for k in 0..4u8 {
+        assert_eq!(
+            fs::read(m.path(&format!("a/c/{k}"))).unwrap(),
+            vec![4; 16],
+            "chunk {k}"
+        );
+    }
+    assert_ok(&m.unmount(&[]), "unmount");
+}
