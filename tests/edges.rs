@@ -349,9 +349,11 @@ fn a_retirement_refused_by_a_full_disk_fails_flush_and_rolls_nothing_back() {
     }
     write_synced(&a.join("c/0"), &[2; 16]); // v1, fsynced: a record
     write_synced(&b.join("c/0"), &[2; 16]);
-    // Pad the segment to a page boundary, so that the retirement needs a new page.
+    // Pad the segment to a page boundary, so that the retirement needs a new page. A chunk
+    // record of a 1-D array is 45 bytes and its data: a 16-byte header, then layout, ndim,
+    // id, one coordinate and what the shard held.
     let room = 4096 - segment_len(&backing) % 4096;
-    let pad = (room + 4096 - 40) % 4096;
+    let pad = (room + 4096 - 45) % 4096;
     write_synced(&b.join("c/1"), &vec![3; pad as usize]);
     assert_eq!(segment_len(&backing) % 4096, 0, "segment padded");
     // v2 of shard 0 of a, not fsynced: the shard is complete, written, not yet durable.
@@ -376,4 +378,92 @@ fn a_retirement_refused_by_a_full_disk_fails_flush_and_rolls_nothing_back() {
         );
     }
     assert_ok(&m.unmount(&[]), "unmount");
+}
+
+/// Defect 3: a dead mount's journal never rolls back what a live mount wrote after it, and
+/// never puts a chunk into an array created after its record. Mount A fsyncs chunks and is
+/// killed; mount B, live throughout, overwrites one, removes and re-creates the other
+/// array, flushes, unmounts; the next mount, which replays A's journal, shows B's writes
+/// only.
+#[test]
+fn a_dead_mounts_journal_never_replays_over_newer_data() {
+    // A long idle time: nothing is written behind the test's back.
+    let args = ["--chunks-per-shard", "4", "--idle-flush", "600"];
+    let (_d, backing, _) = dirs();
+    let a = Mounted::new(&backing, &args, LIMIT);
+    for name in ["a", "b"] {
+        array(&a, name, LINE);
+        // A shard exists: A's fsyncs then go to its shared journal.
+        fs::create_dir_all(a.path(name).join("c")).unwrap();
+        fs::write(a.path(&format!("{name}/c/3")), [1; 16]).unwrap();
+    }
+    flush(&a);
+    // B keeps no journal, so it takes over none: A's is replayed by the last mount, after
+    // everything B did.
+    let b = Mounted::new(&backing, &[&args[..], &["--no-journal"]].concat(), LIMIT);
+    write_synced(&a.path("a/c/0"), &[0xAA; 16]); // OLD
+    write_synced(&a.path("b/c/0"), &[0xAA; 16]);
+    a.kill_daemon();
+    let _ = a.unmount(&[]);
+    fs::write(b.path("a/c/0"), [0xBB; 16]).unwrap(); // NEW
+    fs::remove_dir_all(b.path("b")).unwrap();
+    let nb = array(&b, "b", LINE);
+    fs::create_dir_all(nb.join("c")).unwrap();
+    fs::write(nb.join("c/1"), [0xCC; 16]).unwrap();
+    flush(&b);
+    assert_ok(&b.unmount(&[]), "unmount b");
+    let m = Mounted::new(&backing, &args, LIMIT);
+    assert_eq!(
+        fs::read(m.path("a/c/0")).unwrap(),
+        vec![0xBB; 16],
+        "a/c/0 rolled back"
+    );
+    assert!(
+        !m.path("b/c/0").exists(),
+        "a chunk of the removed array came back"
+    );
+    assert_eq!(fs::read(m.path("b/c/1")).unwrap(), vec![0xCC; 16]);
+    assert_ok(&m.unmount(&[]), "unmount");
+    verify(&backing);
+}
+
+/// Defect 3, the other half: a live mount sharing BACKING takes over a dead mount's journal
+/// promptly, without waiting for the next mount: its fsynced chunks land in their shards.
+#[test]
+fn a_live_mount_takes_over_a_dead_mounts_journal() {
+    let args = ["--chunks-per-shard", "4", "--idle-flush", "600"];
+    let (_d, backing, _) = dirs();
+    let a = Mounted::new(&backing, &args, LIMIT);
+    array(&a, "a", LINE);
+    let b = Mounted::new(&backing, &args, LIMIT);
+    write_synced(&a.path("a/c/0"), &[0xAA; 16]);
+    write_synced(&a.path("a/c/5"), &[0xAB; 16]);
+    a.kill_daemon();
+    let _ = a.unmount(&[]);
+    let start = std::time::Instant::now();
+    loop {
+        let journals: Vec<String> = fs::read_dir(backing.join(".shardfs/journal"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        let s = stats(&b);
+        if s["replayed_records"] == 2 && s["pending_chunks"] == 0 {
+            // Only B's own journal is left.
+            let ids: std::collections::BTreeSet<&str> = journals
+                .iter()
+                .filter_map(|n| n.split('.').next())
+                .collect();
+            assert_eq!(ids.len(), 1, "{journals:?}");
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "not taken over: {s}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(fs::read(b.path("a/c/0")).unwrap(), vec![0xAA; 16]);
+    assert_eq!(fs::read(b.path("a/c/5")).unwrap(), vec![0xAB; 16]);
+    assert_ok(&b.unmount(&[]), "unmount b");
+    verify(&backing);
 }

@@ -2,7 +2,8 @@
 //! not by writing its shard; and, when a mount starts, the records of mounts that died are
 //! put back as pending chunks and written into their shards.
 
-use std::path::Path;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tracing::{info, warn};
@@ -11,8 +12,9 @@ use super::ShardFs;
 use super::array::ArrayState;
 use super::error::FsError;
 use super::shards::{PendingChunk, ShardState, WriteMode};
-use crate::journal::Journal;
-use crate::zarr::{KeyNode, Node, ShardLayout};
+use crate::journal::record::Was;
+use crate::journal::{Journal, Replayed};
+use crate::zarr::{ArrayMetadata, KeyNode, Node, ShardLayout, unsharded_view};
 
 impl ShardFs {
     /// Begins a journal in BACKING: from now on fsync appends records instead of writing
@@ -133,34 +135,14 @@ impl ShardFs {
     }
 
     /// Before the mount goes live: the chunks in the journals of mounts that are gone are
-    /// put back as pending chunks (under their array's current layout, when it still places
-    /// them where they were written) and written into their shards. Returns how many.
+    /// put back as pending chunks, where the replay rule allows (`replay_verdict`), and
+    /// written into their shards. Returns how many records were read.
     pub fn replay_journals(&self) -> Result<usize, FsError> {
         let Some(journal) = self.shards.journal().cloned() else {
             return Ok(0);
         };
-        let replayed = journal.adopt_dead()?;
-        let count = replayed.len();
-        for r in replayed {
-            let recorded = Node::parse(&r.meta).ok().and_then(|n| match n {
-                Node::Array(m) => ShardLayout::of(&m).ok().flatten(),
-                Node::Group(_) => None,
-            });
-            let array = self.array_at(&r.array)?;
-            let placed = match (&array, &recorded) {
-                (Some(a), Some(l)) => a.layout.same_placement(l) && a.chunk_inside(&r.coords),
-                _ => false,
-            };
-            let Some(array) = array.filter(|_| placed) else {
-                warn!(array = %r.array.display(), coords = ?r.coords,
-                    "journaled chunk dropped: its array is gone or now lays chunks out elsewhere");
-                self.shards.retire(vec![r.record]);
-                continue;
-            };
-            self.shards
-                .replay_record(&self.backing, &array, &r.coords, r.data, r.record)?;
-        }
-        if count > 0 {
+        let (count, touched) = self.take_over(&journal)?;
+        if !touched.is_empty() {
             // Live only once every replayed chunk is in its shard: a journal taken over is
             // never left half applied behind a mount that takes new writes.
             let failed = self.flush_all();
@@ -170,8 +152,148 @@ impl ShardFs {
                     libc::EIO,
                 ));
             }
-            info!(chunks = count, "journal replayed");
+            info!(chunks = touched.len(), "journal replayed");
         }
         Ok(count)
     }
+
+    /// While the mount lives (the flusher, at most once a second): the journals of mounts
+    /// sharing BACKING that died meanwhile are taken over now, not at the next mount, and
+    /// their chunks written into their shards.
+    pub(crate) fn adopt_dead_journals(&self) {
+        let Some(journal) = self.shards.journal().cloned() else {
+            return;
+        };
+        if !journal.adoption_due() {
+            return;
+        }
+        let _gate = self.gate.shared();
+        let touched = match self.take_over(&journal) {
+            Ok((_, touched)) => touched,
+            Err(e) => {
+                warn!("journal of a mount that is gone not taken over yet: {e}");
+                return;
+            }
+        };
+        for (array, shard) in &touched {
+            if let Err(e) =
+                self.shards
+                    .write_shard(&self.backing, array, shard, WriteMode::Everything)
+            {
+                warn!(array = %array.rel.display(), ?shard,
+                    "replayed chunks not written yet (they stay pending): {e}");
+            }
+        }
+        if !touched.is_empty() {
+            let _ = self.shards.make_all_durable(&self.backing);
+            info!(
+                shards = touched.len(),
+                "journal of a mount that is gone replayed"
+            );
+        }
+    }
+
+    /// Takes over the journals of mounts that are gone: each record the replay rule allows
+    /// becomes its chunk's pending state, the others retire. Returns how many records were
+    /// read, and the shards that got pending state.
+    fn take_over(&self, journal: &Journal) -> Result<(usize, Vec<Touched>), FsError> {
+        let replayed = journal.adopt_dead()?;
+        let count = replayed.len();
+        // Positions set by this replay: a journal's later records of them follow its
+        // earlier ones, whatever the shard holds.
+        let mut applied: BTreeSet<(PathBuf, Vec<u64>)> = BTreeSet::new();
+        let mut touched: BTreeMap<(PathBuf, Vec<u64>), Arc<ArrayState>> = BTreeMap::new();
+        for r in replayed {
+            let key = (r.array.clone(), r.coords.clone());
+            match self.replay_verdict(&r, applied.contains(&key))? {
+                Ok(array) => {
+                    let shard = array.layout.locate(&r.coords).shard;
+                    self.shards.replay_record(
+                        &self.backing,
+                        &array,
+                        &r.coords,
+                        r.data,
+                        r.record,
+                    )?;
+                    touched.insert((array.rel.clone(), shard), array);
+                    applied.insert(key);
+                }
+                Err(why) => {
+                    warn!(array = %r.array.display(), coords = ?r.coords,
+                        "journaled chunk not replayed: {why}");
+                    self.shards.retire(vec![r.record]);
+                }
+            }
+        }
+        let touched = touched
+            .into_iter()
+            .map(|((_, shard), array)| (array, shard))
+            .collect();
+        Ok((count, touched))
+    }
+
+    /// The replay rule: a record becomes its chunk's pending state only into the array it
+    /// was written for (same path, the same array there, chunks placed and encoded the
+    /// same way), and only over what the shard held when it was taken: a chunk that another
+    /// mount or writer changed since, or that this mount holds a newer state of, stays.
+    /// `after_applied`: an earlier record of this chunk in the same journal was applied.
+    fn replay_verdict(
+        &self,
+        r: &Replayed,
+        after_applied: bool,
+    ) -> Result<Result<Arc<ArrayState>, &'static str>, FsError> {
+        let Some(array) = self.array_at(&r.array)? else {
+            return Ok(Err("its array is gone"));
+        };
+        let recorded = Node::parse(&r.meta).ok().and_then(|n| match n {
+            Node::Array(m) => Some(m),
+            Node::Group(_) => None,
+        });
+        let Some(recorded) = recorded else {
+            return Ok(Err("its layout record is not an array's"));
+        };
+        let placed = ShardLayout::of(&recorded)
+            .ok()
+            .flatten()
+            .is_some_and(|l| array.layout.same_placement(&l) && array.chunk_inside(&r.coords));
+        if !placed {
+            return Ok(Err("its array now lays chunks out elsewhere"));
+        }
+        if !same_encoding(&recorded, &array.meta) {
+            return Ok(Err(
+                "its array now encodes chunks otherwise (data type or codecs)",
+            ));
+        }
+        let now = self.shards.array_instance(&self.backing, &array.rel);
+        if r.instance
+            .as_ref()
+            .is_some_and(|i| !i.is_empty() && !now.is_empty() && *i != now)
+        {
+            return Ok(Err("its array was removed and made again since"));
+        }
+        if after_applied {
+            return Ok(Ok(array));
+        }
+        let (stored, held_here) = self
+            .shards
+            .position_state(&self.backing, &array, &r.coords)?;
+        if held_here {
+            return Ok(Err("this mount has written the chunk since"));
+        }
+        Ok(match r.was {
+            Was::Unknown => Ok(array),
+            was if was == stored => Ok(array),
+            _ if stored == Was::of(r.data.as_deref()) => Err("its shard holds it already"),
+            _ => Err("the chunk was written since, by another mount or writer"),
+        })
+    }
+}
+
+/// A shard that a replay gave pending state: its array and coordinates.
+type Touched = (Arc<ArrayState>, Vec<u64>);
+
+/// Whether chunks of `a` and `b` are encoded alike: the same data type and inner codecs.
+fn same_encoding(a: &ArrayMetadata, b: &ArrayMetadata) -> bool {
+    let codecs = |m: &ArrayMetadata| unsharded_view(m).ok().map(|v| v.codecs);
+    a.data_type == b.data_type && codecs(a) == codecs(b)
 }

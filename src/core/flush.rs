@@ -81,6 +81,7 @@ impl ShardFs {
             now.duration_since(since) >= idle
         });
         self.bound_journal();
+        self.adopt_dead_journals();
     }
 
     fn write_pending(&self, p: &PendingShard, mode: WriteMode) -> Result<(), FsError> {

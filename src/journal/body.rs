@@ -76,14 +76,14 @@ pub(super) fn is_body(path: &Path) -> bool {
 }
 
 impl Journal {
-    /// Begins the body of a new shard of the array at `array`, whose sharded `zarr.json` is
-    /// `meta`. Its name is durable when this returns.
-    pub fn begin_body(&self, array: &Path, meta: &[u8]) -> io::Result<Arc<Body>> {
+    /// Begins the body of a new shard of the array at `array` (which array: `instance`),
+    /// whose sharded `zarr.json` is `meta`. Its name is durable when this returns.
+    pub fn begin_body(&self, array: &Path, instance: &str, meta: &[u8]) -> io::Result<Arc<Body>> {
         let n = self.next_body.fetch_add(1, Ordering::Relaxed);
         let path = Path::new(JOURNAL_DIR).join(format!("{}.b{n:06}.body", self.id));
         // Readable like any shard: it becomes one.
         let file = self.backing.open_file(&path, create(0o644))?;
-        let head = record::encode_layout(0, &array.to_string_lossy(), meta);
+        let head = record::encode_layout(0, &array.to_string_lossy(), instance, meta);
         let written = file
             .write_all_at(&head, 0)
             .and_then(|_| self.backing.sync_dir(Path::new(JOURNAL_DIR)));
@@ -130,7 +130,7 @@ impl Journal {
                 let data = e.data.ok_or_else(|| {
                     io::Error::new(io::ErrorKind::InvalidInput, "a removal for a body")
                 })?;
-                let bufs = record::encode_chunk(0, id, e.coords, data);
+                let bufs = record::encode_chunk(0, id, e.coords, e.was, data);
                 let head = bufs[0].len() as u64;
                 let nbytes: u64 = data.iter().map(|d| d.len() as u64).sum();
                 chunks.push(BodyChunk {

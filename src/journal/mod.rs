@@ -33,6 +33,11 @@ use crate::core::array::lock;
 
 /// Where journals live, relative to BACKING's root.
 pub const JOURNAL_DIR: &str = ".shardfs/journal";
+/// An array and its layout, as a layout record names them: (path, instance, meta).
+type LayoutKey = (PathBuf, String, Vec<u8>);
+
+/// How often a live mount looks for journals of mounts that died.
+const ADOPTION_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 /// A segment is closed and a new one begun past this size.
 const SEGMENT_BYTES: u64 = 64 << 20;
 
@@ -57,9 +62,13 @@ impl RecordRef {
 pub struct Entry<'a> {
     /// The array directory, relative to BACKING.
     pub array: &'a Path,
+    /// Which array was at that path (`ArrayState::instance`).
+    pub instance: &'a str,
     /// The array's sharded `zarr.json` as stored: the layout the chunk belongs to.
     pub meta: &'a [u8],
     pub coords: &'a [u64],
+    /// What the shard held at the chunk's position when the content was taken.
+    pub was: record::Was,
     /// The chunk's bytes; `None`: the chunk was removed.
     pub data: Option<&'a [Bytes]>,
     /// From `reserve_ids`, taken when the content (or the removal) was, under the lock
@@ -71,8 +80,12 @@ pub struct Entry<'a> {
 #[derive(Debug)]
 pub struct Replayed {
     pub array: PathBuf,
+    /// Which array was at that path when the record was written (`None`: not recorded).
+    pub instance: Option<String>,
     pub meta: Vec<u8>,
     pub coords: Vec<u64>,
+    /// What the shard held at the chunk's position then.
+    pub was: record::Was,
     /// The chunk's bytes; `None`: a removal.
     pub data: Option<Bytes>,
     pub record: RecordRef,
@@ -100,8 +113,8 @@ struct Current {
     file: File,
     bytes: u64,
     number: u64,
-    /// Layouts written to this segment: (array, meta) -> id.
-    layouts: BTreeMap<(PathBuf, Vec<u8>), u32>,
+    /// Layouts written to this segment: (array, instance, meta) -> id.
+    layouts: BTreeMap<LayoutKey, u32>,
 }
 
 #[derive(Debug, Default)]
@@ -130,6 +143,8 @@ pub struct Journal {
     /// sync, and until then every sync fails: a replay could bring their records back over
     /// newer content, so nothing may be acknowledged as durable.
     unrecorded: Mutex<Vec<u64>>,
+    /// When dead mounts' journals were last looked for by a live mount.
+    last_adoption: Mutex<Option<std::time::Instant>>,
     /// The OFD lock that tells other mounts this journal is alive.
     _alive: File,
     group_commits: AtomicU64,
@@ -143,13 +158,16 @@ impl Journal {
         let dir = Path::new(JOURNAL_DIR);
         backing.create_dir_all(dir)?;
         let id = new_id();
-        let lock_rel = dir.join(format!("{id}.lock"));
-        let alive = backing.open_file(&lock_rel, create(0o600))?;
+        // Locked before it has the name other mounts look for: a mount starting up beside
+        // this one must never find the lock free and take this journal for a dead one.
+        let fresh = dir.join(format!("{id}.lock.new"));
+        let alive = backing.open_file(&fresh, create(0o600))?;
         if !crate::backing::lock::try_lock(&alive)? {
             return Err(io::Error::other(
                 "a fresh journal lock is held by someone else",
             ));
         }
+        backing.rename(&fresh, &dir.join(format!("{id}.lock")))?;
         let first = Self::new_segment(backing, &id, 0)?;
         Ok(Journal {
             backing: backing.clone(),
@@ -162,6 +180,7 @@ impl Journal {
             sync: Mutex::default(),
             synced_cv: Condvar::new(),
             unrecorded: Mutex::default(),
+            last_adoption: Mutex::default(),
             _alive: alive,
             group_commits: AtomicU64::new(0),
             journaled_chunks: AtomicU64::new(0),
@@ -215,22 +234,31 @@ impl Journal {
         let mut buffers: Vec<Bytes> = Vec::new();
         // Layouts new to this segment are booked only once their records are written: a
         // failed append must not leave chunks of a later one behind a layout never written.
-        let mut new_layouts: BTreeMap<(PathBuf, Vec<u8>), u32> = BTreeMap::new();
+        let mut new_layouts: BTreeMap<LayoutKey, u32> = BTreeMap::new();
         for e in entries {
-            let key = (e.array.to_path_buf(), e.meta.to_vec());
+            let key = (
+                e.array.to_path_buf(),
+                e.instance.to_string(),
+                e.meta.to_vec(),
+            );
             let layout = match cur.layouts.get(&key).or(new_layouts.get(&key)) {
                 Some(id) => *id,
                 None => {
                     let id = (cur.layouts.len() + new_layouts.len()) as u32;
                     let text = e.array.to_string_lossy();
-                    buffers.push(Bytes::from(record::encode_layout(id, &text, e.meta)));
+                    let layout = record::encode_layout(id, &text, e.instance, e.meta);
+                    buffers.push(Bytes::from(layout));
                     new_layouts.insert(key, id);
                     id
                 }
             };
             match e.data {
-                Some(data) => buffers.extend(record::encode_chunk(layout, e.id, e.coords, data)),
-                None => buffers.push(Bytes::from(record::encode_gone(layout, e.id, e.coords))),
+                Some(data) => {
+                    buffers.extend(record::encode_chunk(layout, e.id, e.coords, e.was, data))
+                }
+                None => buffers.push(Bytes::from(record::encode_gone(
+                    layout, e.id, e.coords, e.was,
+                ))),
             }
         }
         let seq = self.append_current(&mut cur, &buffers, entries.len() as u64)?;
@@ -521,6 +549,17 @@ impl Journal {
         Ok(out)
     }
 
+    /// Whether a live mount should look for dead mounts' journals now (once a second).
+    pub fn adoption_due(&self) -> bool {
+        let mut last = lock(&self.last_adoption);
+        let now = std::time::Instant::now();
+        if last.is_some_and(|t| now.duration_since(t) < ADOPTION_EVERY) {
+            return false;
+        }
+        *last = Some(now);
+        true
+    }
+
     /// The names in the journal directory (journals' files are all UTF-8 named).
     fn file_names(&self) -> io::Result<Vec<String>> {
         Ok(self
@@ -593,24 +632,36 @@ fn replayed_from(
     retired: &std::collections::BTreeSet<u64>,
     out: &mut Vec<Replayed>,
 ) -> (u64, bool) {
-    let mut layouts: BTreeMap<u32, (PathBuf, Vec<u8>)> = BTreeMap::new();
+    type Named = (PathBuf, Option<String>, Vec<u8>);
+    let mut layouts: BTreeMap<u32, Named> = BTreeMap::new();
     let (mut live, mut retired_some) = (0, false);
     for r in records {
-        let (layout, id, coords, data) = match r {
-            record::Record::Layout { id, array, meta } => {
-                layouts.insert(id, (PathBuf::from(array), meta));
+        let (layout, id, coords, was, data) = match r {
+            record::Record::Layout {
+                id,
+                array,
+                instance,
+                meta,
+            } => {
+                layouts.insert(id, (PathBuf::from(array), instance, meta));
                 continue;
             }
             record::Record::Chunk {
                 layout,
                 id,
                 coords,
+                was,
                 data,
-            } => (layout, id, coords, Some(data)),
-            record::Record::Gone { layout, id, coords } => (layout, id, coords, None),
+            } => (layout, id, coords, was, Some(data)),
+            record::Record::Gone {
+                layout,
+                id,
+                coords,
+                was,
+            } => (layout, id, coords, was, None),
             record::Record::Retire { .. } => continue,
         };
-        let Some((array, meta)) = layouts.get(&layout) else {
+        let Some((array, instance, meta)) = layouts.get(&layout) else {
             continue;
         };
         // Retired: durable in its shard, and maybe replaced since.
@@ -621,8 +672,10 @@ fn replayed_from(
         live += 1;
         out.push(Replayed {
             array: array.clone(),
+            instance: instance.clone(),
             meta: meta.clone(),
             coords,
+            was,
             data,
             record: RecordRef {
                 segment: path.to_path_buf(),

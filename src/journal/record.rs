@@ -6,14 +6,19 @@
 //! magic "SRJ1" (u32 le) | kind (u8) | 3 zero bytes | payload length (u32 le) | crc32c of payload (u32 le)
 //! ```
 //!
-//! - kind 1, a layout: `id (u32) | path length (u32) | array path | sharded zarr.json`. It
-//!   names an array and the layout its chunks were written under, once per segment file.
-//! - kind 2, a chunk: `layout id (u32) | ndim (u32) | record id (u64) | coords (u64 each) |
-//!   the chunk's bytes`. Record ids grow through a journal.
+//! - kind 5, a layout: `id (u32) | path length (u32) | array path | instance length (u32) |
+//!   instance | sharded zarr.json`. It names an array (its path, and which array was at that
+//!   path: `ArrayState::instance`) and the layout its chunks were written under, once per
+//!   segment file. Kind 1 is the same without the instance (journals of earlier versions).
+//! - kind 6, a chunk: `layout id (u32) | ndim (u32) | record id (u64) | coords (u64 each) |
+//!   was | the chunk's bytes`, where `was` is what the shard held at that position when
+//!   the content was taken: a tag byte (0 absent, 1 a crc32c of the stored chunk follows as
+//!   u32, 2 unknown) and the crc. Record ids grow through a journal. Kind 2 is the same
+//!   without `was` (unknown).
 //! - kind 3, a retirement: `count (u32) | record ids (u64 each)`: those chunks are durable
 //!   in their shards (possibly overwritten since), and replay must not bring them back.
-//! - kind 4, a removal: `layout id (u32) | ndim (u32) | record id (u64) | coords`: the chunk
-//!   was deleted (or renamed away) after the records before it; replay deletes it.
+//! - kind 4, a removal: `layout id (u32) | ndim (u32) | record id (u64) | coords | was`: the
+//!   chunk was deleted (or renamed away) after the records before it; replay deletes it.
 //!
 //! A record whose header or checksum does not hold ends the segment: it is the torn tail of
 //! a write whose fsync never returned.
@@ -22,12 +27,58 @@ use bytes::Bytes;
 
 pub const MAGIC: u32 = u32::from_le_bytes(*b"SRJ1");
 pub const HEADER: usize = 16;
-const LAYOUT: u8 = 1;
-const CHUNK: u8 = 2;
+const LAYOUT_V1: u8 = 1;
+const CHUNK_V1: u8 = 2;
 const RETIRE: u8 = 3;
 const GONE: u8 = 4;
+const LAYOUT: u8 = 5;
+const CHUNK: u8 = 6;
 /// No record is larger: a chunk is at most 4 GiB, a layout far less.
 const MAX_PAYLOAD: u64 = (4 << 30) + (1 << 20);
+
+/// What the shard held at a chunk's position when a record's content was taken: replay
+/// applies the record only over that, never over what someone wrote after.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Was {
+    /// No chunk there (or no shard).
+    Absent,
+    /// A chunk with this crc32c of its stored bytes.
+    Crc(u32),
+    /// Not known (a damaged shard, or a record of an earlier version): nothing to check.
+    Unknown,
+}
+
+impl Was {
+    /// The state of a position holding `bytes` (`None`: nothing).
+    pub fn of(bytes: Option<&[u8]>) -> Was {
+        match bytes {
+            None => Was::Absent,
+            Some(b) => Was::Crc(crc32c::crc32c(b)),
+        }
+    }
+
+    fn encode(self, out: &mut Vec<u8>) {
+        let (tag, crc) = match self {
+            Was::Absent => (0u8, 0),
+            Was::Crc(c) => (1, c),
+            Was::Unknown => (2, 0),
+        };
+        out.push(tag);
+        out.extend_from_slice(&crc.to_le_bytes());
+    }
+
+    fn decode(b: &[u8]) -> Option<Was> {
+        Some(match (b.first()?, u32_at(b, 1)?) {
+            (0, _) => Was::Absent,
+            (1, crc) => Was::Crc(crc),
+            (2, _) => Was::Unknown,
+            _ => return None,
+        })
+    }
+}
+
+/// The bytes `Was` takes in a record.
+const WAS_LEN: usize = 5;
 
 /// A decoded record.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -35,12 +86,15 @@ pub enum Record {
     Layout {
         id: u32,
         array: String,
+        /// Which array was at that path (`None`: not recorded).
+        instance: Option<String>,
         meta: Vec<u8>,
     },
     Chunk {
         layout: u32,
         id: u64,
         coords: Vec<u64>,
+        was: Was,
         data: Bytes,
     },
     Retire {
@@ -51,40 +105,44 @@ pub enum Record {
         layout: u32,
         id: u64,
         coords: Vec<u64>,
+        was: Was,
     },
 }
 
 /// A layout record.
-pub fn encode_layout(id: u32, array: &str, meta: &[u8]) -> Vec<u8> {
-    let mut payload = Vec::with_capacity(8 + array.len() + meta.len());
+pub fn encode_layout(id: u32, array: &str, instance: &str, meta: &[u8]) -> Vec<u8> {
+    let mut payload = Vec::with_capacity(12 + array.len() + instance.len() + meta.len());
     payload.extend_from_slice(&id.to_le_bytes());
-    payload.extend_from_slice(&(array.len() as u32).to_le_bytes());
-    payload.extend_from_slice(array.as_bytes());
+    for part in [array, instance] {
+        payload.extend_from_slice(&(part.len() as u32).to_le_bytes());
+        payload.extend_from_slice(part.as_bytes());
+    }
     payload.extend_from_slice(meta);
     framed(LAYOUT, payload)
 }
 
-/// The fixed part of a chunk or removal record: layout, ndim, id, coordinates.
-fn chunk_head(layout: u32, id: u64, coords: &[u64]) -> Vec<u8> {
-    let mut fixed = Vec::with_capacity(16 + 8 * coords.len());
+/// The fixed part of a chunk or removal record: layout, ndim, id, coordinates, `was`.
+fn chunk_head(layout: u32, id: u64, coords: &[u64], was: Was) -> Vec<u8> {
+    let mut fixed = Vec::with_capacity(16 + 8 * coords.len() + WAS_LEN);
     fixed.extend_from_slice(&layout.to_le_bytes());
     fixed.extend_from_slice(&(coords.len() as u32).to_le_bytes());
     fixed.extend_from_slice(&id.to_le_bytes());
     for c in coords {
         fixed.extend_from_slice(&c.to_le_bytes());
     }
+    was.encode(&mut fixed);
     fixed
 }
 
 /// A removal record: the chunk at `coords` is gone as of record `id`.
-pub fn encode_gone(layout: u32, id: u64, coords: &[u64]) -> Vec<u8> {
-    framed(GONE, chunk_head(layout, id, coords))
+pub fn encode_gone(layout: u32, id: u64, coords: &[u64], was: Was) -> Vec<u8> {
+    framed(GONE, chunk_head(layout, id, coords, was))
 }
 
 /// A chunk record as buffers: header and fixed part in the first, then `data` as it is
 /// (the segments the kernel delivered, not joined).
-pub fn encode_chunk(layout: u32, id: u64, coords: &[u64], data: &[Bytes]) -> Vec<Bytes> {
-    let fixed = chunk_head(layout, id, coords);
+pub fn encode_chunk(layout: u32, id: u64, coords: &[u64], was: Was, data: &[Bytes]) -> Vec<Bytes> {
+    let fixed = chunk_head(layout, id, coords, was);
     let mut crc = crc32c::crc32c(&fixed);
     let mut len = fixed.len() as u64;
     for d in data {
@@ -137,6 +195,26 @@ pub fn decode_all(bytes: &Bytes) -> (Vec<Record>, usize) {
     (out, at)
 }
 
+/// A layout record's payload; `with_instance` for kind 5.
+fn decode_layout(payload: &[u8], with_instance: bool) -> Option<Record> {
+    let id = u32_at(payload, 0)?;
+    let mut at = 4usize;
+    let mut part = || -> Option<String> {
+        let n = u32_at(payload, at)? as usize;
+        let text = std::str::from_utf8(payload.get(at + 4..(at + 4).checked_add(n)?)?).ok()?;
+        at += 4 + n;
+        Some(text.to_string())
+    };
+    let array = part()?;
+    let instance = if with_instance { Some(part()?) } else { None };
+    Some(Record::Layout {
+        id,
+        array,
+        instance,
+        meta: payload.get(at..)?.to_vec(),
+    })
+}
+
 fn u32_at(b: &[u8], at: usize) -> Option<u32> {
     Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
 }
@@ -162,29 +240,30 @@ fn decode_one(bytes: &Bytes, at: usize) -> Option<(Record, usize)> {
         return None;
     }
     let record = match h[4] {
-        LAYOUT => {
-            let id = u32_at(payload, 0)?;
-            let n = u32_at(payload, 4)? as usize;
-            let array = std::str::from_utf8(payload.get(8..8usize.checked_add(n)?)?).ok()?;
-            Record::Layout {
-                id,
-                array: array.to_string(),
-                meta: payload[8 + n..].to_vec(),
-            }
-        }
-        CHUNK | GONE => {
+        LAYOUT_V1 | LAYOUT => decode_layout(payload, h[4] == LAYOUT)?,
+        CHUNK_V1 | CHUNK | GONE => {
             let layout = u32_at(payload, 0)?;
             let ndim = u32_at(payload, 4)? as usize;
             let id = u64::from_le_bytes(payload.get(8..16)?.try_into().ok()?);
             let end = 16usize.checked_add(ndim.checked_mul(8)?)?;
             let coords = u64s(payload.get(16..end)?);
+            let (was, end) = match h[4] {
+                CHUNK_V1 => (Was::Unknown, end),
+                _ => (Was::decode(payload.get(end..)?)?, end + WAS_LEN),
+            };
             if h[4] == GONE {
-                Record::Gone { layout, id, coords }
+                Record::Gone {
+                    layout,
+                    id,
+                    coords,
+                    was,
+                }
             } else {
                 Record::Chunk {
                     layout,
                     id,
                     coords,
+                    was,
                     data: bytes.slice(start + end..start + len),
                 }
             }
@@ -209,15 +288,21 @@ mod tests {
 
     #[test]
     fn records_round_trip_and_a_torn_tail_ends_the_segment() {
-        let mut seg = encode_layout(7, "a/b", br#"{"x":1}"#);
+        let mut seg = encode_layout(7, "a/b", "12-34", br#"{"x":1}"#);
         let data = [Bytes::from_static(b"hello "), Bytes::from_static(b"world")];
-        seg.extend(join(encode_chunk(7, 1, &[1, 2], &data)));
-        seg.extend(join(encode_chunk(7, 2, &[], &[])));
+        seg.extend(join(encode_chunk(7, 1, &[1, 2], Was::Crc(9), &data)));
+        seg.extend(join(encode_chunk(7, 2, &[], Was::Absent, &[])));
         seg.extend(encode_retire(&[1, 2]));
-        seg.extend(encode_gone(7, 4, &[1, 2]));
+        seg.extend(encode_gone(7, 4, &[1, 2], Was::Unknown));
         let whole = seg.len();
         // A torn record after the good ones: its checksum cannot hold.
-        let mut torn = join(encode_chunk(7, 3, &[3, 4], &[Bytes::from_static(b"lost")]));
+        let mut torn = join(encode_chunk(
+            7,
+            3,
+            &[3, 4],
+            Was::Absent,
+            &[Bytes::from_static(b"lost")],
+        ));
         torn.truncate(torn.len() - 2);
         seg.extend(torn);
         let (records, valid) = decode_all(&Bytes::from(seg));
@@ -228,25 +313,29 @@ mod tests {
                 Record::Layout {
                     id: 7,
                     array: "a/b".into(),
+                    instance: Some("12-34".into()),
                     meta: br#"{"x":1}"#.to_vec()
                 },
                 Record::Chunk {
                     layout: 7,
                     id: 1,
                     coords: vec![1, 2],
+                    was: Was::Crc(9),
                     data: Bytes::from_static(b"hello world")
                 },
                 Record::Chunk {
                     layout: 7,
                     id: 2,
                     coords: vec![],
+                    was: Was::Absent,
                     data: Bytes::new()
                 },
                 Record::Retire { ids: vec![1, 2] },
                 Record::Gone {
                     layout: 7,
                     id: 4,
-                    coords: vec![1, 2]
+                    coords: vec![1, 2],
+                    was: Was::Unknown
                 },
             ]
         );
@@ -254,7 +343,13 @@ mod tests {
 
     #[test]
     fn a_flipped_byte_anywhere_stops_decoding_there() {
-        let rec = join(encode_chunk(1, 9, &[5], &[Bytes::from_static(b"abcdef")]));
+        let rec = join(encode_chunk(
+            1,
+            9,
+            &[5],
+            Was::Absent,
+            &[Bytes::from_static(b"abcdef")],
+        ));
         for i in 0..rec.len() {
             let mut bad = rec.clone();
             bad[i] ^= 0x40;

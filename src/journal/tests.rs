@@ -12,8 +12,10 @@ const META: &[u8] = b"{}";
 fn entry<'a>(coords: &'a [u64], data: &'a [Bytes], id: u64) -> Entry<'a> {
     Entry {
         array: Path::new("a"),
+        instance: "",
         meta: META,
         coords,
+        was: super::record::Was::Unknown,
         data: Some(data),
         id,
     }
@@ -36,7 +38,7 @@ fn an_abandoned_body_never_replays_a_retired_record() {
     let dir = tempfile::tempdir().unwrap();
     let backing = Backing::new(dir.path().to_path_buf()).unwrap();
     let j = Journal::open(&backing).unwrap();
-    let body = j.begin_body(Path::new("a"), META).unwrap();
+    let body = j.begin_body(Path::new("a"), "", META).unwrap();
     let (x1, y1) = ([Bytes::from_static(b"x1")], [Bytes::from_static(b"y1")]);
     let first = j.reserve_ids(2);
     let chunks = j
@@ -72,7 +74,7 @@ fn replay_applies_bodies_and_segments_in_the_order_ids_were_reserved() {
     let older = j.reserve_ids(1);
     let newer = j.reserve_ids(1);
     j.append(&[entry(&[3], &new, newer)]).unwrap();
-    let body = j.begin_body(Path::new("a"), META).unwrap();
+    let body = j.begin_body(Path::new("a"), "", META).unwrap();
     j.append_body(&body, &[entry(&[3], &old, older)])
         .unwrap()
         .unwrap();
@@ -91,7 +93,7 @@ fn replay_applies_bodies_and_segments_in_the_order_ids_were_reserved() {
 /// chunk's record.
 fn one_body_taken(backing: &Backing, consumed: bool) -> (Journal, RecordRef) {
     let j = Journal::open(backing).unwrap();
-    let body = j.begin_body(Path::new("a"), META).unwrap();
+    let body = j.begin_body(Path::new("a"), "", META).unwrap();
     let x = [Bytes::from_static(b"x")];
     let id = j.reserve_ids(1);
     let chunks = j

@@ -18,9 +18,11 @@ use super::super::memfile::{FileData, MemFile};
 use super::{Held, ShardRegistry, ShardSlot, ShardState};
 use crate::backing::Backing;
 use crate::journal::body::{Body, BodyChunk};
+use crate::journal::record::Was;
 use crate::journal::{Entry, Journal, RecordRef};
 use crate::shard::{ChunkRange, IndexLocation};
 use crate::zarr::Node;
+use std::time::UNIX_EPOCH;
 
 /// A pending chunk to make durable: its array, coordinates and file.
 pub(crate) type PendingChunk = (Arc<ArrayState>, Vec<u64>, Arc<MemFile>);
@@ -44,6 +46,8 @@ struct Taken {
     version: u64,
     data: Vec<Bytes>,
     id: u64,
+    /// What the shard held at the position then.
+    was: Was,
 }
 
 impl ShardRegistry {
@@ -65,18 +69,19 @@ impl ShardRegistry {
         let mut shared: Vec<(Arc<ShardSlot>, Vec<Taken>)> = Vec::new();
         for ((_, shard), group) in groups {
             let slot = self.slot(backing, &group[0].0, &shard)?;
-            if !self.journal_shard(journal, &slot, &group)? {
+            if !self.journal_shard(backing, journal, &slot, &group)? {
                 let taken = self.take(journal, &slot, &group);
                 shared.push((slot, taken));
             }
         }
-        self.append_shared(journal, shared)
+        self.append_shared(backing, journal, shared)
     }
 
     /// Takes the current content of those of `group` that are still their chunk's and
     /// that no record holds yet, each stamped (its record's id) under the slot's lock.
     fn take(&self, journal: &Journal, slot: &ShardSlot, group: &[&PendingChunk]) -> Vec<Taken> {
-        let st = lock(&slot.state);
+        let mut st = lock(&slot.state);
+        let st = &mut *st;
         group
             .iter()
             .filter_map(|(_, coords, file)| {
@@ -96,6 +101,7 @@ impl ShardRegistry {
                     version,
                     data,
                     id: journal.reserve_ids(1),
+                    was: self.stored_was(slot, pos, st),
                 })
             })
             .collect()
@@ -104,17 +110,20 @@ impl ShardRegistry {
     /// Appends the chunks of shards without a body to the shared segments, with one sync.
     fn append_shared(
         &self,
+        backing: &Backing,
         journal: &Journal,
         shared: Vec<(Arc<ShardSlot>, Vec<Taken>)>,
     ) -> Result<(), FsError> {
-        let metas: Vec<Vec<u8>> = shared
+        let layouts: Vec<(Vec<u8>, String)> = shared
             .iter()
-            .map(|(slot, _)| Node::Array(slot.array.meta.clone()).to_json_bytes())
+            .map(|(slot, _)| self.layout_of(backing, slot))
             .collect();
         let entries: Vec<Entry> = shared
             .iter()
-            .zip(&metas)
-            .flat_map(|((slot, taken), meta)| taken.iter().map(move |t| entry(slot, meta, t)))
+            .zip(&layouts)
+            .flat_map(|((slot, taken), (meta, instance))| {
+                taken.iter().map(move |t| entry(slot, meta, instance, t))
+            })
             .collect();
         if entries.is_empty() {
             return Ok(());
@@ -122,7 +131,13 @@ impl ShardRegistry {
         let mut records = journal.append(&entries)?.into_iter();
         for (slot, taken) in &shared {
             let recs: Vec<RecordRef> = records.by_ref().take(taken.len()).collect();
-            self.attach(slot, None, taken, recs.into_iter().map(|r| (r, None)));
+            self.attach(
+                backing,
+                slot,
+                None,
+                taken,
+                recs.into_iter().map(|r| (r, None)),
+            );
         }
         Ok(())
     }
@@ -131,6 +146,7 @@ impl ShardRegistry {
     /// cannot have a body (it exists), or kept losing it to shard writes.
     fn journal_shard(
         &self,
+        backing: &Backing,
         journal: &Journal,
         slot: &ShardSlot,
         group: &[&PendingChunk],
@@ -139,19 +155,19 @@ impl ShardRegistry {
             return Ok(false);
         }
         for _ in 0..BODY_TRIES {
-            let Some(body) = self.body_for(journal, slot)? else {
+            let Some(body) = self.body_for(backing, journal, slot)? else {
                 return Ok(false);
             };
             let taken = self.take(journal, slot, group);
             if taken.is_empty() {
                 return Ok(true);
             }
-            let entries: Vec<Entry> = taken.iter().map(|t| entry(slot, &[], t)).collect();
+            let entries: Vec<Entry> = taken.iter().map(|t| entry(slot, &[], "", t)).collect();
             if let Some(chunks) = journal.append_body(&body, &entries)? {
                 let recs = chunks
                     .into_iter()
                     .map(|BodyChunk { record, range }| (record, Some(range)));
-                self.attach(slot, Some(&body), &taken, recs);
+                self.attach(backing, slot, Some(&body), &taken, recs);
                 return Ok(true);
             }
             // A shard write took the body: once it is over, what it wrote is durable and
@@ -162,7 +178,12 @@ impl ShardRegistry {
     }
 
     /// The body of the slot's shard, begun if the shard has none and no shard file exists.
-    fn body_for(&self, journal: &Journal, slot: &ShardSlot) -> Result<Option<Arc<Body>>, FsError> {
+    fn body_for(
+        &self,
+        backing: &Backing,
+        journal: &Journal,
+        slot: &ShardSlot,
+    ) -> Result<Option<Arc<Body>>, FsError> {
         // A body becomes its shard by a rename beside it: not when shards live elsewhere.
         if !self.store_is_backing {
             return Ok(None);
@@ -182,8 +203,8 @@ impl ShardRegistry {
                 return Ok(None);
             }
         }
-        let meta = Node::Array(slot.array.meta.clone()).to_json_bytes();
-        let body = journal.begin_body(&slot.array.rel, &meta)?;
+        let (meta, instance) = self.layout_of(backing, slot);
+        let body = journal.begin_body(&slot.array.rel, &instance, &meta)?;
         lock(&slot.state).body = Some(body.clone());
         Ok(Some(body))
     }
@@ -192,6 +213,7 @@ impl ShardRegistry {
     /// chunk's bytes are, if the file is still its chunk's).
     fn attach(
         &self,
+        backing: &Backing,
         slot: &ShardSlot,
         body: Option<&Arc<Body>>,
         taken: &[Taken],
@@ -228,7 +250,7 @@ impl ShardRegistry {
             self.note_unsynced(&slot.array, &slot.shard, late);
         }
         for (coords, stamp) in removals {
-            self.journal_removal(slot, &coords, stamp);
+            self.journal_removal(backing, slot, &coords, stamp);
         }
     }
 
@@ -236,15 +258,25 @@ impl ShardRegistry {
     /// without waiting for a sync: the next one, which every fsync ends with, makes it
     /// durable. When it cannot be appended, the position keeps needing its removal, which
     /// an fsync of its directory then writes into the shard instead.
-    pub(super) fn journal_removal(&self, slot: &ShardSlot, coords: &[u64], stamp: u64) {
+    pub(super) fn journal_removal(
+        &self,
+        backing: &Backing,
+        slot: &ShardSlot,
+        coords: &[u64],
+        stamp: u64,
+    ) {
         let Some(journal) = self.journal() else {
             return;
         };
-        let meta = Node::Array(slot.array.meta.clone()).to_json_bytes();
+        let (meta, instance) = self.layout_of(backing, slot);
+        let pos = slot.array.layout.locate(coords).pos;
+        let was = self.stored_was(slot, pos, &mut lock(&slot.state));
         let entry = Entry {
             array: &slot.array.rel,
+            instance: &instance,
             meta: &meta,
             coords,
+            was,
             data: None,
             id: stamp,
         };
@@ -256,7 +288,6 @@ impl ShardRegistry {
                 return;
             }
         };
-        let pos = slot.array.layout.locate(coords).pos;
         let late = book(&mut lock(&slot.state), pos, stamp, record, Held::Removal);
         if let Some(late) = late {
             self.note_unsynced(&slot.array, &slot.shard, vec![late]);
@@ -299,6 +330,70 @@ impl ShardRegistry {
         Ok(())
     }
 
+    /// What the journal names the slot's array by: its layout (the sharded `zarr.json`) and
+    /// which array is at its path (`array_instance`).
+    fn layout_of(&self, backing: &Backing, slot: &ShardSlot) -> (Vec<u8>, String) {
+        let meta = Node::Array(slot.array.meta.clone()).to_json_bytes();
+        (meta, self.array_instance(backing, &slot.array.rel))
+    }
+
+    /// Which array is at `rel` now: its directory's inode and birth time, so that an array
+    /// removed and made again at the same path (even with the same `zarr.json`) is another
+    /// one. Empty when BACKING is an object store's mirror (made anew at every mount).
+    pub(crate) fn array_instance(&self, backing: &Backing, rel: &std::path::Path) -> String {
+        if !self.store_is_backing {
+            return String::new();
+        }
+        let Ok(Some(meta)) = backing.stat(rel) else {
+            return String::new();
+        };
+        use std::os::unix::fs::MetadataExt;
+        match meta
+            .created()
+            .ok()
+            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        {
+            Some(born) => format!("{:x}-{:x}", meta.ino(), born.as_nanos()),
+            None => format!("{:x}", meta.ino()),
+        }
+    }
+
+    /// For a replay: what the shard file holds at `coords` now, and whether this mount holds
+    /// a state of its own there (pending content, or a deletion not yet written).
+    pub(crate) fn position_state(
+        &self,
+        backing: &Backing,
+        array: &Arc<ArrayState>,
+        coords: &[u64],
+    ) -> Result<(Was, bool), FsError> {
+        let loc = array.layout.locate(coords);
+        let slot = self.slot(backing, array, &loc.shard)?;
+        let mut st = lock(&slot.state);
+        let here = st.pending.contains_key(&loc.pos) || st.deleted.contains(&loc.pos);
+        Ok((self.stored_was(&slot, loc.pos, &mut st), here))
+    }
+
+    /// What the shard file holds at `pos` now, for a record taken now.
+    fn stored_was(&self, slot: &ShardSlot, pos: usize, st: &mut ShardState) -> Was {
+        let open = match self.open_stored(slot, &slot.shard, st) {
+            Ok(Some(open)) => open,
+            Ok(None) => return Was::Absent,
+            Err(_) => return Was::Unknown,
+        };
+        let Ok(index) = &open.stored.index else {
+            return Was::Unknown;
+        };
+        match index.get(pos) {
+            None => Was::Absent,
+            Some(range) => {
+                match crate::shard::read_chunk_part(&*open.file, range, 0, range.nbytes) {
+                    Ok(bytes) => Was::of(Some(&bytes)),
+                    Err(_) => Was::Unknown,
+                }
+            }
+        }
+    }
+
     /// The slot's shard is no longer wanted as a body (its slot is dropped).
     pub(super) fn drop_body(&self, body: Option<Arc<Body>>) {
         if let (Some(body), Some(journal)) = (body, self.journal()) {
@@ -309,11 +404,13 @@ impl ShardRegistry {
 }
 
 /// A journal entry for chunk `t` of the slot's array (`meta`: its layout, as stored).
-fn entry<'a>(slot: &'a ShardSlot, meta: &'a [u8], t: &'a Taken) -> Entry<'a> {
+fn entry<'a>(slot: &'a ShardSlot, meta: &'a [u8], instance: &'a str, t: &'a Taken) -> Entry<'a> {
     Entry {
         array: &slot.array.rel,
+        instance,
         meta,
         coords: &t.coords,
+        was: t.was,
         data: Some(&t.data),
         id: t.id,
     }

@@ -671,7 +671,7 @@ impl ShardRegistry {
         let removal = st.ledger.needs_removal(loc.pos).then(|| self.stamp());
         drop(st);
         if let Some(stamp) = removal {
-            self.journal_removal(&slot, coords, stamp);
+            self.journal_removal(backing, &slot, coords, stamp);
         }
         Ok(existed)
     }
