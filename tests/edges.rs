@@ -467,3 +467,73 @@ fn a_live_mount_takes_over_a_dead_mounts_journal() {
     assert_ok(&b.unmount(&[]), "unmount b");
     verify(&backing);
 }
+
+/// A fsynced chunk renamed with no fsync after: a crash leaves it at one of its names,
+/// never at neither (the old name's removal is journaled only once the content is durable
+/// at the new one). Within an array, and into another array.
+#[test]
+fn a_fsynced_chunk_renamed_without_an_fsync_is_at_one_of_its_names() {
+    let args = ["--chunks-per-shard", "4"];
+    let (_d, backing, _) = dirs();
+    let m = Mounted::new(&backing, &args, LIMIT);
+    let a = array(&m, "a", LINE);
+    let b = array(&m, "b", LINE);
+    fs::create_dir_all(b.join("c")).unwrap();
+    write_synced(&a.join("c/0"), &[7; 16]);
+    write_synced(&a.join("c/1"), &[8; 16]);
+    fs::rename(a.join("c/0"), a.join("c/6")).unwrap();
+    fs::rename(a.join("c/1"), b.join("c/1")).unwrap();
+    let m = crash_and_remount(m, &args);
+    let found = |paths: &[&str], want: &[u8]| {
+        let at: Vec<&str> = paths
+            .iter()
+            .copied()
+            .filter(|p| fs::read(m.path(p)).is_ok_and(|b| b == want))
+            .collect();
+        assert!(!at.is_empty(), "{want:?} at none of {paths:?}");
+    };
+    found(&["a/c/0", "a/c/6"], &[7; 16]);
+    found(&["a/c/1", "b/c/1"], &[8; 16]);
+    assert_ok(&m.unmount(&[]), "unmount");
+    verify(&backing);
+}
+
+/// A file that is not a chunk, inside an array, fsynced: durable (it is written to BACKING,
+/// not only held in memory). And a fsynced chunk renamed onto such a name, with the array
+/// directory fsynced: durable at its new name.
+#[test]
+fn a_fsynced_file_inside_an_array_survives_a_crash() {
+    let args = ["--chunks-per-shard", "4"];
+    let (_d, backing, _) = dirs();
+    let m = Mounted::new(&backing, &args, LIMIT);
+    let a = array(&m, "a", LINE);
+    write_synced(&a.join("notes.txt"), b"hello");
+    write_synced(&a.join("c/0"), &[7; 16]);
+    fs::rename(a.join("c/0"), a.join("keep")).unwrap();
+    fsync_path(&a);
+    let m = crash_and_remount(m, &args);
+    assert_eq!(fs::read(m.path("a/notes.txt")).unwrap(), b"hello");
+    assert_eq!(fs::read(m.path("a/keep")).unwrap(), vec![7; 16]);
+    assert!(!m.path("a/c/0").exists(), "the renamed chunk came back");
+    assert_ok(&m.unmount(&[]), "unmount");
+}
+
+/// A new array's `zarr.json` fsynced half-written: the fsync makes it durable, but the
+/// document is judged when complete, and the array is stored sharded.
+#[test]
+fn a_new_zarr_json_fsynced_half_written_is_judged_when_complete() {
+    let args = ["--chunks-per-shard", "4"];
+    let (_d, backing, _) = dirs();
+    let m = Mounted::new(&backing, &args, LIMIT);
+    let dir = m.path("n");
+    fs::create_dir(&dir).unwrap();
+    let mut f = fs::File::create(dir.join("zarr.json")).unwrap();
+    f.write_all(&LINE.as_bytes()[..20]).unwrap();
+    f.sync_all().unwrap();
+    f.write_all(&LINE.as_bytes()[20..]).unwrap();
+    drop(f);
+    eight_chunks(&m, &dir);
+    assert_ok(&m.unmount(&[]), "unmount");
+    assert!(is_sharded(&stored_doc(&backing, "n")));
+    verify(&backing);
+}

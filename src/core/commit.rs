@@ -68,7 +68,7 @@ impl ShardFs {
     }
 
     /// Whether BACKING's `doc` is a Zarr v3 document now.
-    fn holds_zarr_document(&self, doc: &Path) -> Result<bool, FsError> {
+    pub(crate) fn holds_zarr_document(&self, doc: &Path) -> Result<bool, FsError> {
         let stored = self
             .backing
             .read_at_most(doc, super::memfile::MAX_METADATA_BYTES)?;

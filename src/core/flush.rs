@@ -68,7 +68,7 @@ impl ShardFs {
             if unflushed == 0
                 && quiet
                 && rel.file_name() != Some(METADATA_FILE.as_ref())
-                && let Err(e) = self.persist_temp_if_there(&rel, &file)
+                && let Err(e) = self.persist_temp_if_there(&rel, &file, false)
             {
                 warn!(file = %rel.display(), "temporary file kept in memory: {e}");
             }
@@ -145,7 +145,7 @@ impl ShardFs {
             if self.shards.pending_bytes() <= target {
                 break;
             }
-            if let Err(e) = self.persist_temp_if_there(&rel, &file) {
+            if let Err(e) = self.persist_temp_if_there(&rel, &file, false) {
                 result = Err(e);
             }
         }
@@ -187,21 +187,28 @@ impl ShardFs {
 
     /// `persist_temp`, with no rename or unlink of the file in between: under the gate,
     /// and only if the name still holds this very file.
-    fn persist_temp_if_there(&self, rel: &Path, file: &Arc<MemFile>) -> Result<(), FsError> {
+    pub(crate) fn persist_temp_if_there(
+        &self,
+        rel: &Path,
+        file: &Arc<MemFile>,
+        durable: bool,
+    ) -> Result<(), FsError> {
         let _gate = self.gate.exclusive();
         if !self.temps.file(rel).is_some_and(|f| Arc::ptr_eq(&f, file)) {
             return Ok(());
         }
-        self.persist_temp(rel, file)
+        self.persist_temp(rel, file, durable)
     }
 
-    /// Writes a temporary file that was never renamed to BACKING, as it is, at its path.
-    pub(crate) fn persist_temp(&self, rel: &Path, file: &Arc<MemFile>) -> Result<(), FsError> {
-        let lock_name = rel
-            .file_name()
-            .and_then(|n| n.to_str())
-            .is_some_and(|n| n.ends_with(crate::backing::lock::LOCK_SUFFIX));
-        if lock_name {
+    /// Writes a temporary file that was never renamed to BACKING, as it is, at its path
+    /// (`durable`: synced, with its name).
+    pub(crate) fn persist_temp(
+        &self,
+        rel: &Path,
+        file: &Arc<MemFile>,
+        durable: bool,
+    ) -> Result<(), FsError> {
+        if is_lock_name(rel) {
             // A tensorstore lock file whose writer never renamed it (it gave up or died):
             // tensorstore ignores such files, and in BACKING the name is a shard's lock.
             self.drop_temp_if(rel, file);
@@ -209,7 +216,7 @@ impl ShardFs {
             return Ok(());
         }
         let segments = file.snapshot().data.segments();
-        self.write_whole(rel, &segments, false)?;
+        self.write_whole(rel, &segments, durable)?;
         self.drop_temp_if(rel, file);
         self.inodes.rekind_file(file, NodeKind::File);
         Stats::add(&self.shards.stats.temp_files_persisted, 1);
@@ -264,7 +271,7 @@ impl ShardFs {
     /// BACKING as it is.
     fn flush_temp(&self, rel: &Path, file: &Arc<MemFile>) -> Result<(), FsError> {
         if rel.file_name() != Some(METADATA_FILE.as_ref()) {
-            return self.persist_temp_if_there(rel, file);
+            return self.persist_temp_if_there(rel, file, false);
         }
         let _gate = self.gate.exclusive();
         let data = file.snapshot().data;
@@ -313,6 +320,14 @@ impl ShardFs {
             .load(std::sync::atomic::Ordering::Relaxed);
         report
     }
+}
+
+/// Whether `rel` is named like a lock file (tensorstore's `KEY.__lock`): in BACKING that
+/// name is a shard's lock, so such a file is never written out there.
+pub(crate) fn is_lock_name(rel: &Path) -> bool {
+    rel.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.ends_with(crate::backing::lock::LOCK_SUFFIX))
 }
 
 #[cfg(test)]

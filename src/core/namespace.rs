@@ -387,15 +387,23 @@ impl ShardFs {
         }
     }
 
-    /// Removes a file's name and content at its source (after its content was taken).
-    fn remove_content(&self, kind: &NodeKind, rel: &Path) -> Result<(), FsError> {
+    /// Removes a file's name and content at its source (after its content was taken, and
+    /// `durable_elsewhere`: made durable at its new name, if the journal held it).
+    fn remove_content(
+        &self,
+        kind: &NodeKind,
+        rel: &Path,
+        durable_elsewhere: bool,
+    ) -> Result<(), FsError> {
         match kind {
             NodeKind::Temp(f) => {
                 self.drop_temp_if(rel, f);
                 Ok(())
             }
+            // Only a rename comes here: the content has another name now.
             NodeKind::Chunk { array, coords } => {
-                self.shards.delete(&self.backing, array, coords)?;
+                self.shards
+                    .move_away(&self.backing, array, coords, durable_elsewhere)?;
                 Ok(())
             }
             _ => {
@@ -448,6 +456,7 @@ impl ShardFs {
                 // The metadata goes last: everything pending is written while it is there.
                 self.flush_array_at(&array.rel)?;
                 self.remove_whole(&rel)?;
+                self.prune_key_dirs(array, &array.rel, &KeyNode::Root);
                 self.shards.forget_array(&array.rel);
                 self.temps.forget_below(&array.rel);
                 self.inodes.bump_generation();
@@ -461,7 +470,7 @@ impl ShardFs {
             }
             NodeKind::Temp(_) => {
                 self.detach_name(parent, name, &kind, &rel);
-                self.remove_content(&kind, &rel)?;
+                self.remove_content(&kind, &rel, true)?;
                 return Ok(());
             }
             _ => {
@@ -475,6 +484,47 @@ impl ShardFs {
         }
         self.detach_name(parent, name, &kind, &rel);
         Ok(())
+    }
+
+    /// Removes a key directory that shows no chunk from BACKING too, so that it does not
+    /// come back when the array's `zarr.json` goes (`rm -r` would then find it). Shard
+    /// files of deleted chunks still in it are written (removed) first.
+    fn remove_key_dir(&self, array: &Path, rel: &Path) -> Result<(), FsError> {
+        let gone = |r: std::io::Result<()>| match r {
+            Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) => Ok(false),
+            Err(e) if crate::backing::is_absent(&e) => Ok(true),
+            other => other.map(|()| true),
+        };
+        if !gone(self.backing.remove_dir(rel))? {
+            self.flush_array_at(array)?;
+            gone(self.backing.remove_dir(rel))?;
+        }
+        Ok(())
+    }
+
+    /// Removes the empty directories on key paths below `rel` (bottom up) that the mount does
+    /// not show, once the array's `zarr.json` is gone: a key directory shows while it holds
+    /// chunks or was made with mkdir, so a hidden one must not appear now and keep `rm -r`
+    /// from removing the directory.
+    fn prune_key_dirs(&self, array: &ArrayState, rel: &Path, node: &KeyNode) {
+        let Ok(entries) = self.backing.list(rel) else {
+            return;
+        };
+        for e in entries.iter().filter(|e| e.kind.is_dir()) {
+            let Some(name) = e.name.to_str() else {
+                continue;
+            };
+            if let ArrayName::Key(child @ KeyNode::Dir(_)) = array.classify_name(node, name) {
+                let path = rel.join(name);
+                // One the mount shows (made with mkdir) stays, as on any directory.
+                if self.temps.dir(&path) || self.temps.any_below(&path) {
+                    continue;
+                }
+                self.prune_key_dirs(array, &path, &child);
+                // Only an empty one goes; anything else fails and stays.
+                let _ = self.backing.remove_dir(&path);
+            }
+        }
     }
 
     pub fn rmdir(&self, parent: Ino, name: &OsStr) -> Result<(), FsError> {
@@ -503,6 +553,7 @@ impl ShardFs {
                     return Err(FsError::NotEmpty);
                 }
                 self.temps.remove_dir(&rel);
+                self.remove_key_dir(&array.rel, &rel)?;
             }
             // Its zarr.json is still there.
             NodeKind::ArrayDir(_) => return Err(FsError::NotEmpty),
@@ -677,14 +728,68 @@ impl ShardFs {
         if let NodeKind::ArrayMeta(array) = &mv.src {
             self.flush_array_at(&array.rel)?;
         }
-        let kind = self.put_content(&mv.place, content)?;
-        self.remove_content(&mv.src, &mv.src_rel)?;
+        let mut kind = self.put_content(&mv.place, content.clone())?;
+        // A chunk whose content the journal holds is made durable at its new name before
+        // its old name's removal is journaled: a crash finds it at one of them. If that
+        // fails (a full disk), the old name's records stay live, and the rename is not
+        // durable yet.
+        let durable_elsewhere = match &mv.src {
+            NodeKind::Chunk { array, coords }
+                if self.shards.journal_holds(&self.backing, array, coords)? =>
+            {
+                match self.make_durable_at(&kind, &mv.dst_rel, &content) {
+                    Ok(now) => {
+                        kind = now;
+                        true
+                    }
+                    Err(e) => {
+                        warn!(file = %mv.dst_rel.display(),
+                            "renamed chunk not yet durable at its new name: {e}");
+                        false
+                    }
+                }
+            }
+            _ => true,
+        };
+        self.remove_content(&mv.src, &mv.src_rel, durable_elsewhere)?;
         match (&mv.src, src_ino) {
             (NodeKind::File, Some(ino)) => self.handles.backing_moved(ino),
             (NodeKind::Chunk { .. }, Some(ino)) => self.handles.chunk_moved(ino),
             _ => {}
         }
         Ok(kind)
+    }
+
+    /// Makes `file`, now at `rel` as `kind`, durable there: a record for a chunk, a synced
+    /// file in BACKING for anything else. Returns what the name is then.
+    fn make_durable_at(
+        &self,
+        kind: &NodeKind,
+        rel: &Path,
+        file: &Arc<MemFile>,
+    ) -> Result<NodeKind, FsError> {
+        match kind {
+            NodeKind::Chunk { array, coords } => {
+                if let Some(j) = self.shards.journal().cloned() {
+                    self.journal_files(&j, &[(array.clone(), coords.clone(), file.clone())])?;
+                }
+            }
+            NodeKind::Temp(_) if super::flush::is_lock_name(rel) => {
+                return Err(FsError::Failed(
+                    "a lock file's name is not written out".into(),
+                    libc::EIO,
+                ));
+            }
+            NodeKind::Temp(f) => {
+                self.persist_temp(rel, f, true)?;
+                return Ok(NodeKind::File);
+            }
+            NodeKind::File => {
+                self.backing.sync_file_and_dir(rel)?;
+            }
+            _ => {}
+        }
+        Ok(kind.clone())
     }
 
     fn exchange(
@@ -732,7 +837,7 @@ impl ShardFs {
     fn flush_below(&self, rel: &Path) -> Result<(), FsError> {
         for (path, file) in self.temps.all_files() {
             if path.starts_with(rel) {
-                self.persist_temp(&path, &file)?;
+                self.persist_temp(&path, &file, false)?;
             }
         }
         let arrays: std::collections::BTreeSet<PathBuf> = self

@@ -296,22 +296,25 @@ impl ShardFs {
         let info = self.node(ino)?;
         match &info.kind {
             NodeKind::Chunk { array, coords } => self.fsync_chunk(array, coords),
-            // A zarr.json being written: fsync commits it.
-            NodeKind::Temp(_)
+            // A zarr.json being written: fsync commits it, once it is a document.
+            NodeKind::Temp(f)
                 if !info.detached && info.rel.file_name() == Some(METADATA_FILE.as_ref()) =>
             {
-                if let Some(fh) = fh {
-                    self.flush(fh)?;
-                }
-                Ok(())
+                self.fsync_document(&info.rel, f, fh)
             }
-            // A temporary file is only ever a step towards a rename; its durability comes
-            // with the chunk it becomes, by the fsync of that chunk or of its directory (its
-            // name is not durable before either). That fsync must include it even while it
-            // is still open: tensorstore renames, fsyncs the directory, and closes last.
-            NodeKind::Temp(f) => {
+            // A lock file (tensorstore's `KEY.__lock`) is only ever a step towards a rename;
+            // its durability comes with the chunk it becomes, by the fsync of that chunk or
+            // of its directory (its name is not durable before either). That fsync must
+            // include it even while it is still open: tensorstore renames, fsyncs the
+            // directory, and closes last. An unlinked file has no name to be durable at.
+            NodeKind::Temp(f) if info.detached || super::flush::is_lock_name(&info.rel) => {
                 f.with(|s| s.fsynced = true);
                 Ok(())
+            }
+            // Any other file held in memory is written to BACKING, synced: fsync means it.
+            NodeKind::Temp(f) => {
+                f.with(|s| s.fsynced = true);
+                self.persist_temp_if_there(&info.rel, f, true)
             }
             NodeKind::File => {
                 if let Some(Ok(h)) = fh.map(|fh| self.handles.get(fh))
@@ -326,6 +329,32 @@ impl ShardFs {
             }
             _ => Ok(()),
         }
+    }
+
+    /// fsync of a `zarr.json` being written: committed when it is a Zarr document; anything
+    /// else (half written, say) is written to BACKING as it is, synced, and still judged
+    /// when complete (its last close), never taken for its final form now.
+    fn fsync_document(&self, rel: &Path, f: &Arc<MemFile>, fh: Option<u64>) -> Result<(), FsError> {
+        let data = f.snapshot().data;
+        let bytes = data.read(0, data.len());
+        if crate::zarr::Node::parse(&bytes).is_ok() {
+            return match fh {
+                Some(fh) => self.flush(fh),
+                None => Ok(()),
+            };
+        }
+        let _gate = self.gate.exclusive();
+        let dir = rel.parent().unwrap_or(Path::new(""));
+        if self.holds_zarr_document(&dir.join(METADATA_FILE))? {
+            // An array's document is never replaced by an incomplete one: it is judged
+            // (and refused, if still not one) at its close.
+            return Err(FsError::refused(
+                rel,
+                Rule::InvalidArrayMetadata,
+                "an fsync of an incomplete document; the document stays as it was",
+            ));
+        }
+        self.write_whole(rel, &[Bytes::from(bytes)], true)
     }
 
     /// fsync of a directory: every pending chunk below it is made durable.

@@ -62,6 +62,7 @@ pub struct ShardRegistry {
     /// Shard files written (or removed) but not yet made durable, with the journal records
     /// that wait on them.
     unsynced: Mutex<BTreeMap<SlotKey, Unsynced>>,
+
     /// Where shards are read and written: BACKING itself, or an object store.
     store: Arc<dyn crate::store::Store>,
     /// `store` is BACKING itself: shards are files beside the journal, so a body can be
@@ -635,12 +636,49 @@ impl ShardRegistry {
         Ok(old)
     }
 
-    /// Deletes the chunk at `coords`. Returns whether there was one.
+    /// Deletes the chunk at `coords` (an unlink). Returns whether there was one.
     pub fn delete(
         &self,
         backing: &Backing,
         array: &Arc<ArrayState>,
         coords: &[u64],
+    ) -> Result<bool, FsError> {
+        self.delete_as(backing, array, coords, true)
+    }
+
+    /// Takes the chunk at `coords` away from its key: renamed elsewhere, its content now
+    /// held by another name. `journal_removal` only when that name holds it durably: a
+    /// crash must find it at one name or the other, never at neither (without, an fsync of
+    /// the directory writes the removal into the shard).
+    pub fn move_away(
+        &self,
+        backing: &Backing,
+        array: &Arc<ArrayState>,
+        coords: &[u64],
+        journal_removal: bool,
+    ) -> Result<bool, FsError> {
+        self.delete_as(backing, array, coords, journal_removal)
+    }
+
+    /// Whether the journal holds a content of the chunk at `coords` that it has not seen
+    /// removed: moving it away needs its content durable at the new name first.
+    pub fn journal_holds(
+        &self,
+        backing: &Backing,
+        array: &Arc<ArrayState>,
+        coords: &[u64],
+    ) -> Result<bool, FsError> {
+        let loc = array.layout.locate(coords);
+        let slot = self.slot(backing, array, &loc.shard)?;
+        Ok(lock(&slot.state).ledger.needs_removal(loc.pos))
+    }
+
+    fn delete_as(
+        &self,
+        backing: &Backing,
+        array: &Arc<ArrayState>,
+        coords: &[u64],
+        journal_removal: bool,
     ) -> Result<bool, FsError> {
         let loc = array.layout.locate(coords);
         let slot = self.slot(backing, array, &loc.shard)?;
@@ -668,7 +706,7 @@ impl ShardRegistry {
         }
         // A content of it in the journal must not come back: its removal is journaled
         // too, durable with the next sync (before any later fsync returns).
-        let removal = st.ledger.needs_removal(loc.pos).then(|| self.stamp());
+        let removal = (journal_removal && st.ledger.needs_removal(loc.pos)).then(|| self.stamp());
         drop(st);
         if let Some(stamp) = removal {
             self.journal_removal(backing, &slot, coords, stamp);

@@ -1,0 +1,588 @@
+//! The crash-consistency model test: random, seeded, reproducible sequences of what users
+//! and tools do to a mount (writes, partial writes, truncation, fsync of files and
+//! directories, renames onto existing names and across arrays, unlinks, arrays removed
+//! and made again, `zarr.json` rewritten by a redirect, by a rename, removed and put back,
+//! `shardfs flush`, clean remounts, SIGKILLs, a second mount that takes over a dead one's
+//! journal, and kills during replay), run against a real mount and against a model of
+//! POSIX durability.
+//!
+//! The model: for each chunk, after a crash, the allowed contents are the one at its last
+//! durability point (an fsync of the file, or of its directory, `shardfs flush`, a clean
+//! unmount; absent for a removal made durable) and any content written since. Every read
+//! after a remount must be allowed; at the end `shardfs verify` passes and zarr-python
+//! reads every array as the mount showed it. A failing sequence is shrunk to a shorter
+//! one that still fails, and printed.
+//!
+//! `cargo test --test model -- --sequences N [--seed S]`; `--ops M` sets the length.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::Rng;
+use common::mount::{Mounted, is_mounted, run_limited};
+
+const LIMIT: Duration = Duration::from_secs(600);
+const ARRAYS: [&str; 2] = ["x", "y"];
+/// Chunks per array (1-D, 16 bytes each, 4 per shard: 2 shards).
+const KEYS: u64 = 8;
+const ARRAY: &str = r#"{"zarr_format":3,"node_type":"array","shape":[128],"data_type":"uint8",
+"chunk_grid":{"name":"regular","configuration":{"chunk_shape":[16]}},
+"chunk_key_encoding":{"name":"default","configuration":{"separator":"/"}},
+"fill_value":0,"codecs":[{"name":"bytes"}],"attributes":{}}"#;
+
+type Content = Option<Vec<u8>>;
+type Key = (usize, u64);
+
+#[derive(Clone, Debug)]
+enum Op {
+    /// O_TRUNC, write the whole chunk, close.
+    Write(Key),
+    /// Overwrite 4 bytes inside an existing chunk.
+    Patch(Key, u8),
+    /// ftruncate to nothing, then write the whole chunk again through the same handle.
+    Refill(Key),
+    FsyncFile(Key),
+    /// fsync of the array's key directory (`c`), or of the array directory.
+    FsyncDir(usize, bool),
+    Rename(Key, Key),
+    Unlink(Key),
+    /// `rm -r` of the array, then its `zarr.json` written again.
+    Recreate(usize),
+    /// The `zarr.json` the mount shows written back: by a shell redirect (0), a temporary
+    /// file renamed over it (1), removed and put back (2).
+    RewriteMeta(usize, u8),
+    Flush,
+    Remount,
+    /// A second mount of BACKING, which survives the next crash and takes over.
+    Witness,
+    /// SIGKILL of the daemon; with `true`, the next mount is killed during its replay too.
+    Crash(bool),
+}
+
+/// What the model knows of one chunk.
+#[derive(Clone, Debug, Default)]
+struct Chunk {
+    current: Content,
+    durable: Content,
+    later: Vec<Content>,
+}
+
+impl Chunk {
+    fn set(&mut self, c: Content) {
+        self.current = c.clone();
+        self.later.push(c);
+    }
+
+    fn sync(&mut self) {
+        self.durable = self.current.clone();
+        self.later.clear();
+    }
+
+    fn allows(&self, c: &Content) -> bool {
+        self.durable == *c || self.later.contains(c)
+    }
+
+    /// After a crash, what was read is where the chunk stands.
+    fn settle(&mut self, c: Content) {
+        self.current = c.clone();
+        self.durable = c;
+        self.later.clear();
+    }
+}
+
+struct World {
+    backing: PathBuf,
+    scratch: PathBuf,
+    args: Vec<String>,
+    mount: Option<Mounted>,
+    witness: Option<Mounted>,
+    model: BTreeMap<Key, Chunk>,
+    counter: u64,
+    log: Vec<String>,
+}
+
+fn content(counter: u64, (a, k): Key) -> Vec<u8> {
+    let mut v = counter.to_le_bytes().to_vec();
+    v.extend([a as u8, k as u8, 0xC0, 0xDE, 0, 0, 0, 0]);
+    v
+}
+
+impl World {
+    fn new(dir: &Path, idle: &str) -> World {
+        let backing = dir.join("backing");
+        let scratch = dir.join("scratch");
+        fs::create_dir_all(&backing).unwrap();
+        fs::create_dir_all(&scratch).unwrap();
+        let args: Vec<String> = ["--chunks-per-shard", "4", "--idle-flush", idle]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let mut w = World {
+            backing,
+            scratch,
+            args,
+            mount: None,
+            witness: None,
+            model: BTreeMap::new(),
+            counter: 0,
+            log: Vec::new(),
+        };
+        w.mount = Some(w.mount_now());
+        for a in 0..ARRAYS.len() {
+            w.make_array(a);
+        }
+        w
+    }
+
+    fn mount_now(&self) -> Mounted {
+        let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        Mounted::new(&self.backing, &args, LIMIT)
+    }
+
+    fn m(&self) -> &Mounted {
+        self.mount.as_ref().unwrap()
+    }
+
+    fn array_path(&self, a: usize) -> PathBuf {
+        self.m().path(ARRAYS[a])
+    }
+
+    fn chunk_path(&self, (a, k): Key) -> PathBuf {
+        self.array_path(a).join(format!("c/{k}"))
+    }
+
+    fn make_array(&mut self, a: usize) {
+        let dir = self.array_path(a);
+        fs::create_dir_all(dir.join("c")).unwrap();
+        fs::write(dir.join("zarr.json"), ARRAY).unwrap();
+        for k in 0..KEYS {
+            self.model.insert((a, k), Chunk::default());
+        }
+    }
+
+    fn exists(&self, key: Key) -> bool {
+        self.model[&key].current.is_some()
+    }
+
+    fn next(&mut self, key: Key) -> Vec<u8> {
+        self.counter += 1;
+        content(self.counter, key)
+    }
+
+    /// Runs `op`; `Err` says what went wrong (an unexpected error, or a read the model
+    /// does not allow).
+    fn run(&mut self, op: &Op) -> Result<(), String> {
+        self.log.push(format!("{op:?}"));
+        let io = |r: std::io::Result<()>, what: &str| r.map_err(|e| format!("{what}: {e}"));
+        match op.clone() {
+            Op::Write(key) => {
+                let c = self.next(key);
+                let path = self.chunk_path(key);
+                io(fs::create_dir_all(path.parent().unwrap()), "mkdir")?;
+                io(fs::write(path, &c), "write")?;
+                self.model.get_mut(&key).unwrap().set(Some(c));
+            }
+            Op::Patch(key, at) => {
+                let mut c = self.model[&key].current.clone().unwrap();
+                let at = (at % 13) as usize;
+                let patch = self.next(key)[..4].to_vec();
+                c[at..at + 4].copy_from_slice(&patch);
+                let r = fs::OpenOptions::new()
+                    .write(true)
+                    .open(self.chunk_path(key))
+                    .and_then(|mut f| {
+                        f.seek(SeekFrom::Start(at as u64))?;
+                        f.write_all(&patch)
+                    });
+                io(r, "patch")?;
+                self.model.get_mut(&key).unwrap().set(Some(c));
+            }
+            Op::Refill(key) => {
+                let c = self.next(key);
+                let r = fs::OpenOptions::new()
+                    .write(true)
+                    .open(self.chunk_path(key))
+                    .and_then(|mut f| {
+                        f.set_len(0)?;
+                        f.write_all(&c)
+                    });
+                io(r, "refill")?;
+                self.model.get_mut(&key).unwrap().set(Some(c));
+            }
+            Op::FsyncFile(key) => {
+                let r = fs::File::open(self.chunk_path(key)).and_then(|f| f.sync_all());
+                io(r, "fsync")?;
+                self.model.get_mut(&key).unwrap().sync();
+            }
+            Op::FsyncDir(a, key_dir) => {
+                let mut dir = self.array_path(a);
+                // A key directory with no chunk left may be gone: then the array's.
+                if key_dir && dir.join("c").exists() {
+                    dir = dir.join("c");
+                }
+                io(fs::File::open(&dir).and_then(|f| f.sync_all()), "fsync dir")?;
+                for k in 0..KEYS {
+                    self.model.get_mut(&(a, k)).unwrap().sync();
+                }
+            }
+            Op::Rename(from, to) => {
+                let dest = self.chunk_path(to);
+                io(fs::create_dir_all(dest.parent().unwrap()), "mkdir")?;
+                io(fs::rename(self.chunk_path(from), dest), "rename")?;
+                let c = self.model[&from].current.clone();
+                self.model.get_mut(&to).unwrap().set(c);
+                self.model.get_mut(&from).unwrap().set(None);
+            }
+            Op::Unlink(key) => {
+                io(fs::remove_file(self.chunk_path(key)), "unlink")?;
+                self.model.get_mut(&key).unwrap().set(None);
+            }
+            Op::Recreate(a) => {
+                io(fs::remove_dir_all(self.array_path(a)), "rm -r")?;
+                // Gone from BACKING once rm -r returns: nothing of it may come back.
+                for k in 0..KEYS {
+                    self.model.get_mut(&(a, k)).unwrap().settle(None);
+                }
+                self.make_array(a);
+            }
+            Op::RewriteMeta(a, how) => self.rewrite_meta(a, how)?,
+            Op::Flush => {
+                self.shardfs_ok(&["flush", self.m().mountpoint.to_str().unwrap()])?;
+                self.model.values_mut().for_each(Chunk::sync);
+            }
+            Op::Remount => {
+                let out = self.m().unmount(&[]);
+                if !out.status.success() {
+                    return Err(format!("unmount: {}", common::stderr(&out)));
+                }
+                self.mount = None;
+                self.model.values_mut().for_each(Chunk::sync);
+                self.mount = Some(self.mount_now());
+            }
+            Op::Witness => {
+                if self.witness.is_none() {
+                    self.witness = Some(self.mount_now());
+                }
+            }
+            Op::Crash(during_replay) => self.crash(during_replay)?,
+        }
+        Ok(())
+    }
+
+    fn shardfs_ok(&self, args: &[&str]) -> Result<(), String> {
+        let out = run_limited(
+            Command::new(env!("CARGO_BIN_EXE_shardfs")).args(args),
+            LIMIT,
+        )?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "shardfs {args:?}: {}{}",
+                common::stdout(&out),
+                common::stderr(&out)
+            ))
+        }
+    }
+
+    fn rewrite_meta(&mut self, a: usize, how: u8) -> Result<(), String> {
+        let doc = self.array_path(a).join("zarr.json");
+        let view = fs::read(&doc).map_err(|e| format!("read zarr.json: {e}"))?;
+        let saved = self.scratch.join("view.json");
+        fs::write(&saved, &view).unwrap();
+        let r = match how % 3 {
+            0 => {
+                let script = format!("cat '{}' > '{}'", saved.display(), doc.display());
+                let out = run_limited(Command::new("sh").args(["-c", &script]), LIMIT)?;
+                if out.status.success() {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::other(common::stderr(&out)))
+                }
+            }
+            1 => {
+                let tmp = self.array_path(a).join("zarr.0123abcd.partial");
+                fs::write(&tmp, &view).and_then(|_| fs::rename(&tmp, &doc))
+            }
+            _ => fs::remove_file(&doc).and_then(|_| fs::write(&doc, &view)),
+        };
+        r.map_err(|e| format!("rewrite zarr.json ({how}): {e}"))?;
+        match fs::read(&doc) {
+            Ok(after) if after == view => Ok(()),
+            Ok(after) => Err(format!(
+                "zarr.json changed by writing it back: {}",
+                String::from_utf8_lossy(&after)
+            )),
+            Err(e) => Err(format!("zarr.json after writing it back: {e}")),
+        }
+    }
+
+    /// SIGKILL, then whoever comes next (the witness, or a new mount, maybe killed during
+    /// its replay first) must show only what the model allows.
+    fn crash(&mut self, during_replay: bool) -> Result<(), String> {
+        let dead = self.mount.take().unwrap();
+        dead.kill_daemon();
+        let _ = dead.unmount(&[]);
+        let mountpoint = dead.mountpoint.clone();
+        if let Some(w) = self.witness.take() {
+            drop(dead);
+            self.mount = Some(w);
+            self.await_takeover()?;
+        } else {
+            if during_replay {
+                kill_during_replay(&self.backing, &mountpoint, 5 + self.counter % 60);
+            }
+            drop(dead);
+            self.mount = Some(self.mount_now());
+        }
+        self.check_allowed()
+    }
+
+    /// Waits until the witness has taken over the dead mount's journal (one journal left).
+    fn await_takeover(&self) -> Result<(), String> {
+        let start = Instant::now();
+        loop {
+            let ids: std::collections::BTreeSet<String> =
+                fs::read_dir(self.backing.join(".shardfs/journal"))
+                    .map_err(|e| e.to_string())?
+                    .filter_map(|e| e.ok())
+                    .filter_map(|e| {
+                        let n = e.file_name().to_string_lossy().into_owned();
+                        n.split('.').next().map(str::to_string)
+                    })
+                    .collect();
+            if ids.len() <= 1 {
+                return Ok(());
+            }
+            if start.elapsed() > Duration::from_secs(20) {
+                return Err(format!("the witness did not take over: journals {ids:?}"));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Every chunk reads as the model allows; what was read is then where it stands.
+    fn check_allowed(&mut self) -> Result<(), String> {
+        let keys: Vec<Key> = self.model.keys().copied().collect();
+        for key in keys {
+            let got = match fs::read(self.chunk_path(key)) {
+                Ok(b) => Some(b),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                Err(e) => return Err(format!("read {key:?}: {e}")),
+            };
+            let chunk = self.model.get_mut(&key).unwrap();
+            if !chunk.allows(&got) {
+                return Err(format!(
+                    "{}/c/{} after the crash: {:?}, allowed {:?} or one of {:?}",
+                    ARRAYS[key.0],
+                    key.1,
+                    got.as_deref().map(label),
+                    chunk.durable.as_deref().map(label),
+                    chunk
+                        .later
+                        .iter()
+                        .map(|c| c.as_deref().map(label))
+                        .collect::<Vec<_>>()
+                ));
+            }
+            chunk.settle(got);
+        }
+        Ok(())
+    }
+
+    /// The end: everything written, BACKING verifies, and zarr-python reads every array
+    /// as the model has it.
+    fn finish(&mut self) -> Result<(), String> {
+        if let Some(w) = self.witness.take() {
+            let out = w.unmount(&[]);
+            if !out.status.success() {
+                return Err(format!("unmount of the witness: {}", common::stderr(&out)));
+            }
+        }
+        let out = self.m().unmount(&[]);
+        if !out.status.success() {
+            return Err(format!("final unmount: {}", common::stderr(&out)));
+        }
+        self.mount = None;
+        let v = common::shardfs(&["verify", self.backing.to_str().unwrap()]);
+        if v.status.code() != Some(0) {
+            return Err(format!("verify: {}", common::stdout(&v)));
+        }
+        self.zarr_reads()
+    }
+
+    fn zarr_reads(&self) -> Result<(), String> {
+        let code = "import sys, zarr\n\
+                    for p in sys.argv[1:]:\n    \
+                        print(zarr.open_array(p, mode='r')[...].tobytes().hex())\n";
+        let paths: Vec<PathBuf> = ARRAYS.iter().map(|a| self.backing.join(a)).collect();
+        let out = run_limited(
+            Command::new(common::python())
+                .args(["-c", code])
+                .args(&paths),
+            LIMIT,
+        )?;
+        if !out.status.success() {
+            return Err(format!("zarr-python: {}", common::stderr(&out)));
+        }
+        let text = common::stdout(&out);
+        for (a, line) in text.lines().enumerate() {
+            let want: String = (0..KEYS)
+                .map(|k| {
+                    let c = self.model[&(a, k)].current.clone().unwrap_or(vec![0; 16]);
+                    c.iter().map(|b| format!("{b:02x}")).collect::<String>()
+                })
+                .collect();
+            if line != want {
+                return Err(format!(
+                    "zarr-python reads {} as {line}, not {want}",
+                    ARRAYS[a]
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A content's short name: the write that made it.
+fn label(c: &[u8]) -> String {
+    let n = u64::from_le_bytes(c.get(..8).and_then(|b| b.try_into().ok()).unwrap_or([0; 8]));
+    format!("#{n}({}B)", c.len())
+}
+
+/// Starts a mount in the foreground and kills it after `delay_ms` (during its replay, or
+/// just after), then clears whatever it left.
+fn kill_during_replay(backing: &Path, mountpoint: &Path, delay_ms: u64) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_shardfs"))
+        .args(["mount", "--foreground"])
+        .arg(backing)
+        .arg(mountpoint)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(delay_ms));
+    let _ = child.kill();
+    let _ = child.wait();
+    if is_mounted(mountpoint) {
+        let _ = Command::new("umount").arg("-l").arg(mountpoint).status();
+    }
+}
+
+/// A random sequence of `n` operations, ending in a crash when `crash_at_end`. Operations
+/// whose preconditions the model does not meet when they come are skipped (`applicable`).
+fn sequence(rng: &mut Rng, n: usize, crash_at_end: bool) -> Vec<Op> {
+    let key = |rng: &mut Rng| (rng.below(ARRAYS.len()), rng.below(KEYS as usize) as u64);
+    let mut ops: Vec<Op> = (0..n)
+        .map(|_| match rng.below(100) {
+            0..30 => Op::Write(key(rng)),
+            30..37 => Op::Patch(key(rng), rng.below(256) as u8),
+            37..41 => Op::Refill(key(rng)),
+            41..53 => Op::FsyncFile(key(rng)),
+            53..61 => Op::FsyncDir(rng.below(ARRAYS.len()), rng.below(2) == 0),
+            61..71 => Op::Rename(key(rng), key(rng)),
+            71..78 => Op::Unlink(key(rng)),
+            78..80 => Op::Recreate(rng.below(ARRAYS.len())),
+            80..85 => Op::RewriteMeta(rng.below(ARRAYS.len()), rng.below(3) as u8),
+            85..89 => Op::Flush,
+            89..91 => Op::Remount,
+            91..94 => Op::Witness,
+            _ => Op::Crash(rng.below(2) == 0),
+        })
+        .collect();
+    if crash_at_end {
+        ops.push(Op::Crash(rng.below(2) == 0));
+    }
+    ops
+}
+
+/// Whether `op` can run on what the model holds now.
+fn applicable(w: &World, op: &Op) -> bool {
+    match op {
+        Op::Patch(k, _) | Op::Refill(k) | Op::FsyncFile(k) | Op::Unlink(k) => w.exists(*k),
+        Op::Rename(from, to) => from != to && w.exists(*from),
+        _ => true,
+    }
+}
+
+/// Runs `ops` on a fresh BACKING; `Err` says where and what failed.
+fn run_sequence(ops: &[Op], idle: &str) -> Result<(), String> {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = World::new(dir.path(), idle);
+    for (i, op) in ops.iter().enumerate() {
+        if !applicable(&w, op) {
+            continue;
+        }
+        w.run(op).map_err(|e| format!("op {i} {op:?}: {e}"))?;
+    }
+    w.finish()
+}
+
+/// Drops operations while the sequence still fails, and returns the shortest found.
+fn shrink(mut ops: Vec<Op>, idle: &str) -> (Vec<Op>, String) {
+    let mut why = run_sequence(&ops, idle).err().unwrap_or_default();
+    let mut i = 0;
+    let mut tries = 0;
+    while i < ops.len() && tries < 60 {
+        tries += 1;
+        let mut fewer = ops.clone();
+        fewer.remove(i);
+        match run_sequence(&fewer, idle) {
+            Err(e) => {
+                ops = fewer;
+                why = e;
+            }
+            Ok(()) => i += 1,
+        }
+    }
+    (ops, why)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let value = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1))
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    if args.iter().any(|a| a == "--list") {
+        println!("model_sequences: test");
+        return;
+    }
+    let sequences = value("--sequences").unwrap_or(12);
+    let seed = value("--seed").unwrap_or(1);
+    let n_ops = value("--ops").unwrap_or(24) as usize;
+    let (mut passed, mut failed, mut crashed) = (0, 0, 0);
+    for s in 0..sequences {
+        let seed = seed + s;
+        let mut rng = Rng::new(seed);
+        let idle = format!("{:.2}", 0.05 + rng.below(100) as f64 / 100.0);
+        // Three in four end in a crash; the others in a clean unmount.
+        let crash_at_end = rng.below(4) != 0;
+        let ops = sequence(&mut rng, n_ops, crash_at_end);
+        match run_sequence(&ops, &idle) {
+            Ok(()) => {
+                passed += 1;
+                crashed += crash_at_end as u64;
+            }
+            Err(e) => {
+                failed += 1;
+                println!("model sequence seed {seed} (idle {idle}s): FAILED: {e}");
+                let (small, why) = shrink(ops, &idle);
+                println!("  shrunk to {} operations: {small:?}\n  {why}", small.len());
+            }
+        }
+    }
+    println!("model: {crashed} of the passed sequences ended in a crash");
+    println!("model: {passed} passed, {failed} failed");
+    if failed > 0 {
+        std::process::exit(1);
+    }
+}
