@@ -13,7 +13,12 @@
 //! reads every array as the mount showed it. A failing sequence is shrunk to a shorter
 //! one that still fails, and printed.
 //!
-//! `cargo test --test model -- --sequences N [--seed S]`; `--ops M` sets the length.
+//! In the power-cut sequences, BACKING is a layer (`common::cutfs`) that loses whatever was not
+//! fsynced when a crash comes: a power cut, not only a SIGKILL (which keeps the page cache).
+//! Every state it leaves must mount and lose nothing acknowledged.
+//!
+//! `cargo test --test model -- [--sequences N] [--power-cuts M] [--seed S] [--ops K]`: N
+//! sequences with SIGKILLs (12 by default), then M with power cuts (6).
 
 mod common;
 
@@ -25,6 +30,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::Rng;
+use common::cutfs::CutFs;
 use common::mount::{Mounted, is_mounted, run_limited};
 
 const LIMIT: Duration = Duration::from_secs(600);
@@ -97,7 +103,11 @@ impl Chunk {
 }
 
 struct World {
+    /// The directory where BACKING's files are.
+    disk: PathBuf,
+    /// What the mounts mount: `disk`, or the power-cut layer over it.
     backing: PathBuf,
+    layer: Option<CutFs>,
     scratch: PathBuf,
     args: Vec<String>,
     mount: Option<Mounted>,
@@ -114,17 +124,27 @@ fn content(counter: u64, (a, k): Key) -> Vec<u8> {
 }
 
 impl World {
-    fn new(dir: &Path, idle: &str) -> World {
-        let backing = dir.join("backing");
+    fn new(dir: &Path, idle: &str, power_cut: bool) -> World {
+        let disk = dir.join("disk");
         let scratch = dir.join("scratch");
-        fs::create_dir_all(&backing).unwrap();
+        fs::create_dir_all(&disk).unwrap();
         fs::create_dir_all(&scratch).unwrap();
+        let (backing, layer) = if power_cut {
+            let at = dir.join("layer");
+            fs::create_dir_all(&at).unwrap();
+            let layer = CutFs::mount(&disk, &at);
+            (at, Some(layer))
+        } else {
+            (disk.clone(), None)
+        };
         let args: Vec<String> = ["--chunks-per-shard", "4", "--idle-flush", idle]
             .iter()
             .map(|s| s.to_string())
             .collect();
         let mut w = World {
+            disk,
             backing,
+            layer,
             scratch,
             args,
             mount: None,
@@ -133,16 +153,24 @@ impl World {
             counter: 0,
             log: Vec::new(),
         };
-        w.mount = Some(w.mount_now());
+        w.mount = Some(w.mount_now().expect("the first mount"));
         for a in 0..ARRAYS.len() {
             w.make_array(a);
         }
         w
     }
 
-    fn mount_now(&self) -> Mounted {
+    /// A mount of BACKING; a mount that fails (its replay, say) is a failed sequence.
+    fn mount_now(&self) -> Result<Mounted, String> {
         let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
-        Mounted::new(&self.backing, &args, LIMIT)
+        let mount = std::panic::AssertUnwindSafe(|| Mounted::new(&self.backing, &args, LIMIT));
+        std::panic::catch_unwind(mount).map_err(|p| {
+            let text = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
+            text.unwrap_or_default()
+        })
     }
 
     fn m(&self) -> &Mounted {
@@ -263,11 +291,12 @@ impl World {
                 }
                 self.mount = None;
                 self.model.values_mut().for_each(Chunk::sync);
-                self.mount = Some(self.mount_now());
+                self.mount = Some(self.mount_now()?);
             }
             Op::Witness => {
-                if self.witness.is_none() {
-                    self.witness = Some(self.mount_now());
+                // A power cut takes every mount on the machine down: no survivor.
+                if self.witness.is_none() && self.layer.is_none() {
+                    self.witness = Some(self.mount_now()?);
                 }
             }
             Op::Crash(during_replay) => self.crash(during_replay)?,
@@ -327,9 +356,18 @@ impl World {
     /// its replay first) must show only what the model allows.
     fn crash(&mut self, during_replay: bool) -> Result<(), String> {
         let dead = self.mount.take().unwrap();
+        // A power cut: from this moment on nothing more reaches the disk, and what was
+        // not synced is gone; then the daemon dies with the machine.
+        if let Some(layer) = self.layer.take() {
+            layer.cut();
+        }
         dead.kill_daemon();
         let _ = dead.unmount(&[]);
         let mountpoint = dead.mountpoint.clone();
+        if self.layer.is_none() && self.backing != self.disk {
+            // The machine back: the disk as the cut left it, under a new layer.
+            self.layer = Some(CutFs::mount(&self.disk, &self.backing));
+        }
         if let Some(w) = self.witness.take() {
             drop(dead);
             self.mount = Some(w);
@@ -339,7 +377,7 @@ impl World {
                 kill_during_replay(&self.backing, &mountpoint, 5 + self.counter % 60);
             }
             drop(dead);
-            self.mount = Some(self.mount_now());
+            self.mount = Some(self.mount_now()?);
         }
         self.check_allowed()
     }
@@ -349,7 +387,7 @@ impl World {
         let start = Instant::now();
         loop {
             let ids: std::collections::BTreeSet<String> =
-                fs::read_dir(self.backing.join(".shardfs/journal"))
+                fs::read_dir(self.disk.join(".shardfs/journal"))
                     .map_err(|e| e.to_string())?
                     .filter_map(|e| e.ok())
                     .filter_map(|e| {
@@ -410,7 +448,8 @@ impl World {
             return Err(format!("final unmount: {}", common::stderr(&out)));
         }
         self.mount = None;
-        let v = common::shardfs(&["verify", self.backing.to_str().unwrap()]);
+        self.layer = None;
+        let v = common::shardfs(&["verify", self.disk.to_str().unwrap()]);
         if v.status.code() != Some(0) {
             return Err(format!("verify: {}", common::stdout(&v)));
         }
@@ -421,7 +460,7 @@ impl World {
         let code = "import sys, zarr\n\
                     for p in sys.argv[1:]:\n    \
                         print(zarr.open_array(p, mode='r')[...].tobytes().hex())\n";
-        let paths: Vec<PathBuf> = ARRAYS.iter().map(|a| self.backing.join(a)).collect();
+        let paths: Vec<PathBuf> = ARRAYS.iter().map(|a| self.disk.join(a)).collect();
         let out = run_limited(
             Command::new(common::python())
                 .args(["-c", code])
@@ -512,9 +551,9 @@ fn applicable(w: &World, op: &Op) -> bool {
 }
 
 /// Runs `ops` on a fresh BACKING; `Err` says where and what failed.
-fn run_sequence(ops: &[Op], idle: &str) -> Result<(), String> {
+fn run_sequence(ops: &[Op], idle: &str, power_cut: bool) -> Result<(), String> {
     let dir = tempfile::tempdir().unwrap();
-    let mut w = World::new(dir.path(), idle);
+    let mut w = World::new(dir.path(), idle, power_cut);
     for (i, op) in ops.iter().enumerate() {
         if !applicable(&w, op) {
             continue;
@@ -525,15 +564,17 @@ fn run_sequence(ops: &[Op], idle: &str) -> Result<(), String> {
 }
 
 /// Drops operations while the sequence still fails, and returns the shortest found.
-fn shrink(mut ops: Vec<Op>, idle: &str) -> (Vec<Op>, String) {
-    let mut why = run_sequence(&ops, idle).err().unwrap_or_default();
+fn shrink(mut ops: Vec<Op>, idle: &str, power_cut: bool) -> (Vec<Op>, String) {
+    let mut why = run_sequence(&ops, idle, power_cut)
+        .err()
+        .unwrap_or_default();
     let mut i = 0;
     let mut tries = 0;
     while i < ops.len() && tries < 60 {
         tries += 1;
         let mut fewer = ops.clone();
         fewer.remove(i);
-        match run_sequence(&fewer, idle) {
+        match run_sequence(&fewer, idle, power_cut) {
             Err(e) => {
                 ops = fewer;
                 why = e;
@@ -542,6 +583,38 @@ fn shrink(mut ops: Vec<Op>, idle: &str) -> (Vec<Op>, String) {
         }
     }
     (ops, why)
+}
+
+/// Runs `count` sequences from `seed` on; returns (passed, failed, passed ending in a crash).
+fn run_many(count: u64, seed: u64, n_ops: usize, power_cut: bool) -> (u64, u64, u64) {
+    let what = if power_cut {
+        "model (power cuts)"
+    } else {
+        "model"
+    };
+    let (mut passed, mut failed, mut crashed) = (0, 0, 0);
+    for s in 0..count {
+        let seed = seed + s;
+        let mut rng = Rng::new(seed);
+        let idle = format!("{:.2}", 0.05 + rng.below(100) as f64 / 100.0);
+        // Three in four end in a crash; the others in a clean unmount.
+        let crash_at_end = rng.below(4) != 0;
+        let ops = sequence(&mut rng, n_ops, crash_at_end);
+        match run_sequence(&ops, &idle, power_cut) {
+            Ok(()) => {
+                passed += 1;
+                crashed += crash_at_end as u64;
+            }
+            Err(e) => {
+                failed += 1;
+                println!("{what} sequence seed {seed} (idle {idle}s): FAILED: {e}");
+                let (small, why) = shrink(ops, &idle, power_cut);
+                println!("  shrunk to {} operations: {small:?}\n  {why}", small.len());
+            }
+        }
+    }
+    println!("{what}: {passed} passed ({crashed} ended in a crash), {failed} failed");
+    (passed, failed, crashed)
 }
 
 fn main() {
@@ -556,33 +629,12 @@ fn main() {
         println!("model_sequences: test");
         return;
     }
-    let sequences = value("--sequences").unwrap_or(12);
     let seed = value("--seed").unwrap_or(1);
     let n_ops = value("--ops").unwrap_or(24) as usize;
-    let (mut passed, mut failed, mut crashed) = (0, 0, 0);
-    for s in 0..sequences {
-        let seed = seed + s;
-        let mut rng = Rng::new(seed);
-        let idle = format!("{:.2}", 0.05 + rng.below(100) as f64 / 100.0);
-        // Three in four end in a crash; the others in a clean unmount.
-        let crash_at_end = rng.below(4) != 0;
-        let ops = sequence(&mut rng, n_ops, crash_at_end);
-        match run_sequence(&ops, &idle) {
-            Ok(()) => {
-                passed += 1;
-                crashed += crash_at_end as u64;
-            }
-            Err(e) => {
-                failed += 1;
-                println!("model sequence seed {seed} (idle {idle}s): FAILED: {e}");
-                let (small, why) = shrink(ops, &idle);
-                println!("  shrunk to {} operations: {small:?}\n  {why}", small.len());
-            }
-        }
-    }
-    println!("model: {crashed} of the passed sequences ended in a crash");
-    println!("model: {passed} passed, {failed} failed");
-    if failed > 0 {
+    let (p1, f1, _) = run_many(value("--sequences").unwrap_or(12), seed, n_ops, false);
+    let (p2, f2, _) = run_many(value("--power-cuts").unwrap_or(6), seed, n_ops, true);
+    println!("model: {} passed, {} failed", p1 + p2, f1 + f2);
+    if f1 + f2 > 0 {
         std::process::exit(1);
     }
 }

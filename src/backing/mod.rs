@@ -405,12 +405,6 @@ impl Backing {
         Ok(())
     }
 
-    /// Makes everything written to BACKING's file system durable (`syncfs`).
-    pub fn sync_fs(&self) -> io::Result<()> {
-        rustix::fs::syncfs(self.root_fd.as_fd())?;
-        Ok(())
-    }
-
     /// fdatasync of the regular file at `rel` and fsync of its directory: the file's
     /// content and name are durable. `Ok(false)` when nothing is there any more.
     pub fn sync_file_and_dir(&self, rel: &Path) -> io::Result<bool> {

@@ -137,6 +137,12 @@ impl Checker {
             }
             let file = File::open(&f.path).map_err(|e| CliError::io(&f.path, e))?;
             let len = file.metadata().map_err(|e| CliError::io(&f.path, e))?.len();
+            if len == 0 {
+                // Left by a crash before its data was synced; readers (shardfs, zarr-python)
+                // take it for a shard holding no chunk.
+                eprintln!("{}: empty shard file: holds no chunk", f.path.display());
+                continue;
+            }
             match read_index(&file, len, &layout.index) {
                 Err(e) => self.problem(&f.path, e),
                 Ok(index) => {

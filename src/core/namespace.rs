@@ -453,8 +453,9 @@ impl ShardFs {
                 ));
             }
             NodeKind::ArrayMeta(array) => {
-                // The metadata goes last: everything pending is written while it is there.
-                self.flush_array_at(&array.rel)?;
+                // The metadata goes last: everything pending is written, durably, while it
+                // is there.
+                self.settle_durably(&array.rel)?;
                 self.remove_whole(&rel)?;
                 self.prune_key_dirs(array, &array.rel, &KeyNode::Root);
                 self.shards.forget_array(&array.rel);
@@ -707,6 +708,7 @@ impl ShardFs {
     /// written first, and what is known of it forgotten.
     fn move_dir(&self, src_rel: &Path, to: &Path) -> Result<NodeKind, FsError> {
         self.flush_below(src_rel)?;
+        self.settle_durably(src_rel)?;
         if let Some(dir) = to.parent() {
             self.backing.create_dir_all(dir)?;
         }
@@ -758,6 +760,20 @@ impl ShardFs {
             _ => {}
         }
         Ok(kind)
+    }
+
+    /// Makes what was written of the arrays at and below `rel` durable, so that no journal
+    /// record of them stays live: they name arrays at paths that are about to go (a
+    /// `zarr.json` removed, a directory moved), and a replay must never put them into
+    /// whatever comes to those paths next. What is pending is written first.
+    fn settle_durably(&self, rel: &Path) -> Result<(), FsError> {
+        self.flush_array_at(rel)?;
+        self.shards
+            .make_durable(&self.backing, |a, _, _| a.starts_with(rel))?;
+        match self.shards.journal() {
+            Some(j) => Ok(j.sync_all()?),
+            None => Ok(()),
+        }
     }
 
     /// Makes `file`, now at `rel` as `kind`, durable there: a record for a chunk, a synced

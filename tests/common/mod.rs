@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests: the pinned Python clients and the shardfs binary.
 #![allow(dead_code)]
 
+pub mod cutfs;
 pub mod mount;
 pub mod s3;
 
@@ -9,6 +10,12 @@ use std::process::{Command, Output};
 
 /// The venv's Python with the pinned clients. `scripts/test.sh` sets SHARDFS_PYTHON; a test
 /// that needs the clients fails, never skips, without it.
+/// A 1-D uint8 array of 8 chunks of 16 bytes, stored without compression.
+pub const LINE_ARRAY: &str = r#"{"zarr_format":3,"node_type":"array","shape":[128],"data_type":"uint8",
+"chunk_grid":{"name":"regular","configuration":{"chunk_shape":[16]}},
+"chunk_key_encoding":{"name":"default","configuration":{"separator":"/"}},
+"fill_value":0,"codecs":[{"name":"bytes"}],"attributes":{}}"#;
+
 pub fn python() -> PathBuf {
     let path = std::env::var_os("SHARDFS_PYTHON")
         .map(PathBuf::from)

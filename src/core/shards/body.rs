@@ -69,6 +69,7 @@ impl ShardRegistry {
         let mut shared: Vec<(Arc<ShardSlot>, Vec<Taken>)> = Vec::new();
         for ((_, shard), group) in groups {
             let slot = self.slot(backing, &group[0].0, &shard)?;
+            self.durable_base(backing, &slot)?;
             if !self.journal_shard(backing, journal, &slot, &group)? {
                 let taken = self.take(journal, &slot, &group);
                 shared.push((slot, taken));
@@ -270,6 +271,11 @@ impl ShardRegistry {
         };
         let (meta, instance) = self.layout_of(backing, slot);
         let pos = slot.array.layout.locate(coords).pos;
+        if let Err(e) = self.durable_base(backing, slot) {
+            tracing::warn!(array = %slot.array.rel.display(), ?coords,
+                "removal not journaled (an fsync of its directory writes it): {e}");
+            return;
+        }
         let was = self.stored_was(slot, pos, &mut lock(&slot.state));
         let entry = Entry {
             array: &slot.array.rel,
@@ -339,7 +345,8 @@ impl ShardRegistry {
 
     /// Which array is at `rel` now: its directory's inode and birth time, so that an array
     /// removed and made again at the same path (even with the same `zarr.json`) is another
-    /// one. Empty when BACKING is an object store's mirror (made anew at every mount).
+    /// one. Empty (not known) when BACKING is an object store's mirror (made anew at every
+    /// mount) or its file system tells no birth time.
     pub(crate) fn array_instance(&self, backing: &Backing, rel: &std::path::Path) -> String {
         if !self.store_is_backing {
             return String::new();
@@ -348,13 +355,15 @@ impl ShardRegistry {
             return String::new();
         };
         use std::os::unix::fs::MetadataExt;
+        // Without a birth time an inode number proves little (it is reused, and a FUSE
+        // file system may number anew at every mount): then nothing is claimed.
         match meta
             .created()
             .ok()
             .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
         {
             Some(born) => format!("{:x}-{:x}", meta.ino(), born.as_nanos()),
-            None => format!("{:x}", meta.ino()),
+            None => String::new(),
         }
     }
 
@@ -371,6 +380,17 @@ impl ShardRegistry {
         let mut st = lock(&slot.state);
         let here = st.pending.contains_key(&loc.pos) || st.deleted.contains(&loc.pos);
         Ok((self.stored_was(&slot, loc.pos, &mut st), here))
+    }
+
+    /// Makes the slot's shard durable if this mount wrote (or removed) it without syncing:
+    /// a record names what the shard holds as the state it goes over (`Was`), and after a
+    /// power cut that state must still be there, not an older one.
+    fn durable_base(&self, backing: &Backing, slot: &ShardSlot) -> Result<(), FsError> {
+        let key = (slot.array.rel.clone(), slot.shard.clone());
+        if !lock(&self.unsynced).contains_key(&key) {
+            return Ok(());
+        }
+        self.make_durable(backing, |a, s, _| a == key.0 && s == key.1.as_slice())
     }
 
     /// What the shard file holds at `pos` now, for a record taken now.

@@ -99,6 +99,13 @@ pub(crate) fn open_shard(
     }
     let index = match read_index(&*file, info.size, format) {
         Ok(index) => Ok(Arc::new(index)),
+        // Nothing at all: a new shard renamed into place before its data reached the disk,
+        // then a power cut. It holds no chunk (and whatever was acknowledged of it is in
+        // the journal); a write replaces it.
+        Err(_) if info.size == 0 => {
+            warn!(shard = %store.describe(rel), "empty shard file (a crash before it was synced?): read as holding no chunk");
+            Ok(Arc::new(ShardIndex::all_missing(format.n_chunks())))
+        }
         Err(ShardFileError::Index(e)) => {
             warn!(shard = %store.describe(rel), "damaged shard, its chunks read as EIO: {e}");
             Err(e)
