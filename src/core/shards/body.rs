@@ -14,15 +14,14 @@ use bytes::Bytes;
 
 use super::super::array::{ArrayState, lock};
 use super::super::error::FsError;
-use super::super::memfile::{FileData, MemFile};
-use super::{Held, ShardRegistry, ShardSlot, ShardState};
+use super::super::memfile::MemFile;
+use super::records::book;
+use super::{ShardRegistry, ShardSlot};
 use crate::backing::Backing;
 use crate::journal::body::{Body, BodyChunk};
 use crate::journal::record::Was;
 use crate::journal::{Entry, Journal, RecordRef};
 use crate::shard::{ChunkRange, IndexLocation};
-use crate::zarr::Node;
-use std::time::UNIX_EPOCH;
 
 /// A pending chunk to make durable: its array, coordinates and file.
 pub(crate) type PendingChunk = (Arc<ArrayState>, Vec<u64>, Arc<MemFile>);
@@ -255,165 +254,6 @@ impl ShardRegistry {
         }
     }
 
-    /// Journals the removal of the chunk at `coords` (its position's state as of `stamp`),
-    /// without waiting for a sync: the next one, which every fsync ends with, makes it
-    /// durable. When it cannot be appended, the position keeps needing its removal, which
-    /// an fsync of its directory then writes into the shard instead.
-    pub(super) fn journal_removal(
-        &self,
-        backing: &Backing,
-        slot: &ShardSlot,
-        coords: &[u64],
-        stamp: u64,
-    ) {
-        let Some(journal) = self.journal() else {
-            return;
-        };
-        let (meta, instance) = self.layout_of(backing, slot);
-        let pos = slot.array.layout.locate(coords).pos;
-        if let Err(e) = self.durable_base(backing, slot) {
-            tracing::warn!(array = %slot.array.rel.display(), ?coords,
-                "removal not journaled (an fsync of its directory writes it): {e}");
-            return;
-        }
-        let was = self.stored_was(slot, pos, &mut lock(&slot.state));
-        let entry = Entry {
-            array: &slot.array.rel,
-            instance: &instance,
-            meta: &meta,
-            coords,
-            was,
-            data: None,
-            id: stamp,
-        };
-        let record = match journal.append_unsynced(std::slice::from_ref(&entry)) {
-            Ok(mut r) => r.remove(0),
-            Err(e) => {
-                tracing::warn!(array = %slot.array.rel.display(), ?coords,
-                    "removal not journaled (an fsync of its directory writes it): {e}");
-                return;
-            }
-        };
-        let late = book(&mut lock(&slot.state), pos, stamp, record, Held::Removal);
-        if let Some(late) = late {
-            self.note_unsynced(&slot.array, &slot.shard, vec![late]);
-        }
-    }
-
-    /// A record read back from a dead mount's journal becomes the chunk's pending state
-    /// (its content, or its removal), booked in the ledger like a record of this mount's.
-    pub(crate) fn replay_record(
-        &self,
-        backing: &Backing,
-        array: &Arc<ArrayState>,
-        coords: &[u64],
-        data: Option<Bytes>,
-        record: RecordRef,
-    ) -> Result<(), FsError> {
-        let held = match data {
-            Some(bytes) => {
-                let file = Arc::new(MemFile::new(FileData::from_bytes(bytes), 0o644));
-                self.charge(file.len() as i64);
-                let held = file.held(0);
-                self.put(backing, array, coords, file)?;
-                held
-            }
-            None => {
-                self.delete(backing, array, coords)?;
-                Held::Removal
-            }
-        };
-        let loc = array.layout.locate(coords);
-        let slot = self.slot(backing, array, &loc.shard)?;
-        let late = {
-            let mut st = lock(&slot.state);
-            let stamp = self.stamp();
-            book(&mut st, loc.pos, stamp, record, held)
-        };
-        if let Some(late) = late {
-            self.note_unsynced(array, &loc.shard, vec![late]);
-        }
-        Ok(())
-    }
-
-    /// What the journal names the slot's array by: its layout (the sharded `zarr.json`) and
-    /// which array is at its path (`array_instance`).
-    fn layout_of(&self, backing: &Backing, slot: &ShardSlot) -> (Vec<u8>, String) {
-        let meta = Node::Array(slot.array.meta.clone()).to_json_bytes();
-        (meta, self.array_instance(backing, &slot.array.rel))
-    }
-
-    /// Which array is at `rel` now: its directory's inode and birth time, so that an array
-    /// removed and made again at the same path (even with the same `zarr.json`) is another
-    /// one. Empty (not known) when BACKING is an object store's mirror (made anew at every
-    /// mount) or its file system tells no birth time.
-    pub(crate) fn array_instance(&self, backing: &Backing, rel: &std::path::Path) -> String {
-        if !self.store_is_backing {
-            return String::new();
-        }
-        let Ok(Some(meta)) = backing.stat(rel) else {
-            return String::new();
-        };
-        use std::os::unix::fs::MetadataExt;
-        // Without a birth time an inode number proves little (it is reused, and a FUSE
-        // file system may number anew at every mount): then nothing is claimed.
-        match meta
-            .created()
-            .ok()
-            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        {
-            Some(born) => format!("{:x}-{:x}", meta.ino(), born.as_nanos()),
-            None => String::new(),
-        }
-    }
-
-    /// For a replay: what the shard file holds at `coords` now, and whether this mount holds
-    /// a state of its own there (pending content, or a deletion not yet written).
-    pub(crate) fn position_state(
-        &self,
-        backing: &Backing,
-        array: &Arc<ArrayState>,
-        coords: &[u64],
-    ) -> Result<(Was, bool), FsError> {
-        let loc = array.layout.locate(coords);
-        let slot = self.slot(backing, array, &loc.shard)?;
-        let mut st = lock(&slot.state);
-        let here = st.pending.contains_key(&loc.pos) || st.deleted.contains(&loc.pos);
-        Ok((self.stored_was(&slot, loc.pos, &mut st), here))
-    }
-
-    /// Makes the slot's shard durable if this mount wrote (or removed) it without syncing:
-    /// a record names what the shard holds as the state it goes over (`Was`), and after a
-    /// power cut that state must still be there, not an older one.
-    fn durable_base(&self, backing: &Backing, slot: &ShardSlot) -> Result<(), FsError> {
-        let key = (slot.array.rel.clone(), slot.shard.clone());
-        if !lock(&self.unsynced).contains_key(&key) {
-            return Ok(());
-        }
-        self.make_durable(backing, |a, s, _| a == key.0 && s == key.1.as_slice())
-    }
-
-    /// What the shard file holds at `pos` now, for a record taken now.
-    fn stored_was(&self, slot: &ShardSlot, pos: usize, st: &mut ShardState) -> Was {
-        let open = match self.open_stored(slot, &slot.shard, st) {
-            Ok(Some(open)) => open,
-            Ok(None) => return Was::Absent,
-            Err(_) => return Was::Unknown,
-        };
-        let Ok(index) = &open.stored.index else {
-            return Was::Unknown;
-        };
-        match index.get(pos) {
-            None => Was::Absent,
-            Some(range) => {
-                match crate::shard::read_chunk_part(&*open.file, range, 0, range.nbytes) {
-                    Ok(bytes) => Was::of(Some(&bytes)),
-                    Err(_) => Was::Unknown,
-                }
-            }
-        }
-    }
-
     /// The slot's shard is no longer wanted as a body (its slot is dropped).
     pub(super) fn drop_body(&self, body: Option<Arc<Body>>) {
         if let (Some(body), Some(journal)) = (body, self.journal()) {
@@ -433,25 +273,5 @@ fn entry<'a>(slot: &'a ShardSlot, meta: &'a [u8], instance: &'a str, t: &'a Take
         was: t.was,
         data: Some(&t.data),
         id: t.id,
-    }
-}
-
-/// Books a durable record of position `pos` (stamped `stamp`) in the slot's ledger. While the
-/// position still has a state waiting to be written (pending or deleted), that state's write
-/// comes later than the record and retires it. Otherwise a write has already taken a later
-/// state (or this very content): the record is returned, to wait for that shard's
-/// durability like the records the write retired.
-fn book(
-    st: &mut ShardState,
-    pos: usize,
-    stamp: u64,
-    record: RecordRef,
-    held: Held,
-) -> Option<RecordRef> {
-    if st.pending.contains_key(&pos) || st.deleted.contains(&pos) {
-        st.ledger.add(pos, stamp, record, held);
-        None
-    } else {
-        Some(record)
     }
 }

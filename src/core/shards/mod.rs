@@ -6,11 +6,13 @@
 //! closed, or deleted, in this round: then all its chunks go out in one vectored write, to a
 //! temporary file renamed over the shard. Partial writes (merged over the shard file) come
 //! from fsync, idleness, memory pressure and unmount. `write.rs` does the writing;
-//! `stored.rs` reads shard files.
+//! `stored.rs` reads shard files; `ledger.rs` keeps which journal records hold which state of
+//! each position, and `records.rs` what a record says besides its bytes.
 
 mod body;
 mod ledger;
 mod list;
+mod records;
 mod stored;
 mod write;
 
