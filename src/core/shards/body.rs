@@ -68,9 +68,15 @@ impl ShardRegistry {
         let mut shared: Vec<(Arc<ShardSlot>, Vec<Taken>)> = Vec::new();
         for ((_, shard), group) in groups {
             let slot = self.slot(backing, &group[0].0, &shard)?;
-            self.durable_base(backing, &slot)?;
             if !self.journal_shard(backing, journal, &slot, &group)? {
-                let taken = self.take(journal, &slot, &group);
+                // What the shard holds, which each record names as the state it goes over,
+                // is final and durable while taken: no write of the shard in flight (it
+                // could put an older content there), nothing of it unsynced.
+                let taken = {
+                    let _writer = lock(&slot.writing);
+                    self.durable_base(backing, &slot)?;
+                    self.take(journal, &slot, &group)
+                };
                 shared.push((slot, taken));
             }
         }
@@ -155,10 +161,16 @@ impl ShardRegistry {
             return Ok(false);
         }
         for _ in 0..BODY_TRIES {
-            let Some(body) = self.body_for(backing, journal, slot)? else {
-                return Ok(false);
+            // No shard write in flight while the body is chosen and the content taken: one
+            // that began before would put a new shard file (an older content in it) under
+            // records that say there was none. One that begins after takes this body.
+            let (body, taken) = {
+                let _writer = lock(&slot.writing);
+                let Some(body) = self.body_for(backing, journal, slot)? else {
+                    return Ok(false);
+                };
+                (body, self.take(journal, slot, group))
             };
-            let taken = self.take(journal, slot, group);
             if taken.is_empty() {
                 return Ok(true);
             }
@@ -170,9 +182,9 @@ impl ShardRegistry {
                 self.attach(backing, slot, Some(&body), &taken, recs);
                 return Ok(true);
             }
-            // A shard write took the body: once it is over, what it wrote is durable and
-            // retired; whatever is still pending goes to the next body.
-            drop(lock(&slot.writing));
+            // A shard write took the body: once it is over (the next try waits for it),
+            // what it wrote is durable and retired; whatever is still pending goes to the
+            // next body.
         }
         Ok(false)
     }

@@ -34,12 +34,16 @@ impl ShardRegistry {
         };
         let (meta, instance) = self.layout_of(backing, slot);
         let pos = slot.array.layout.locate(coords).pos;
-        if let Err(e) = self.durable_base(backing, slot) {
-            tracing::warn!(array = %slot.array.rel.display(), ?coords,
-                "removal not journaled (an fsync of its directory writes it): {e}");
-            return;
-        }
-        let was = self.stored_was(slot, pos, &mut lock(&slot.state));
+        // As for content records (`journal_chunks`): the state named is final and durable.
+        let was = {
+            let _writer = lock(&slot.writing);
+            if let Err(e) = self.durable_base(backing, slot) {
+                tracing::warn!(array = %slot.array.rel.display(), ?coords,
+                    "removal not journaled (an fsync of its directory writes it): {e}");
+                return;
+            }
+            self.stored_was(slot, pos, &mut lock(&slot.state))
+        };
         let entry = Entry {
             array: &slot.array.rel,
             instance: &instance,
