@@ -199,14 +199,15 @@ impl ShardFs {
     fn take_over(&self, journal: &Journal) -> Result<(usize, Vec<Touched>), FsError> {
         let replayed = journal.adopt_dead()?;
         let count = replayed.len();
-        // Positions set by this replay: a journal's later records of them follow its
-        // earlier ones, whatever the shard holds.
-        let mut applied: BTreeSet<(PathBuf, Vec<u64>)> = BTreeSet::new();
+        // Positions set by this replay, per journal: a journal's later records of them
+        // follow its earlier ones, whatever the shard holds. (Another journal's record of
+        // one finds it held here.)
+        let mut applied: BTreeSet<(String, PathBuf, Vec<u64>)> = BTreeSet::new();
         let mut touched: BTreeMap<(PathBuf, Vec<u64>), Arc<ArrayState>> = BTreeMap::new();
         for r in replayed {
-            let key = (r.array.clone(), r.coords.clone());
+            let key = (r.record.journal(), r.array.clone(), r.coords.clone());
             match self.replay_verdict(&r, applied.contains(&key))? {
-                Ok(array) => {
+                Verdict::Apply(array) => {
                     let shard = array.layout.locate(&r.coords).shard;
                     self.shards.replay_record(
                         &self.backing,
@@ -218,7 +219,22 @@ impl ShardFs {
                     touched.insert((array.rel.clone(), shard), array);
                     applied.insert(key);
                 }
-                Err(why) => {
+                Verdict::HeldHere(array) => {
+                    // This mount's newer state retires it once written durably, as it
+                    // would a record of its own: until then a crash may need it.
+                    self.shards
+                        .book_foreign(&self.backing, &array, &r.coords, r.record)?;
+                }
+                Verdict::Superseded(array, why) => {
+                    // What superseded it may still be only in the page cache (another
+                    // mount's write, a killed replay's): durable first, then retired.
+                    info!(array = %r.array.display(), coords = ?r.coords,
+                        "journaled chunk not replayed: {why}");
+                    self.shards
+                        .sync_shard_of(&self.backing, &array, &r.coords)?;
+                    self.shards.retire(vec![r.record]);
+                }
+                Verdict::Drop(why) => {
                     warn!(array = %r.array.display(), coords = ?r.coords,
                         "journaled chunk not replayed: {why}");
                     self.shards.retire(vec![r.record]);
@@ -235,32 +251,29 @@ impl ShardFs {
     /// The replay rule: a record becomes its chunk's pending state only into the array it
     /// was written for (same path, the same array there, chunks placed and encoded the
     /// same way), and only over what the shard held when it was taken: a chunk that another
-    /// mount or writer changed since, or that this mount holds a newer state of, stays.
-    /// `after_applied`: an earlier record of this chunk in the same journal was applied.
-    fn replay_verdict(
-        &self,
-        r: &Replayed,
-        after_applied: bool,
-    ) -> Result<Result<Arc<ArrayState>, &'static str>, FsError> {
+    /// mount or writer changed since, or that this mount holds a newer state of, stays,
+    /// and the record goes once that newer state is durable. `after_applied`: an earlier
+    /// record of this chunk in the same journal was applied.
+    fn replay_verdict(&self, r: &Replayed, after_applied: bool) -> Result<Verdict, FsError> {
         let Some(array) = self.array_at(&r.array)? else {
-            return Ok(Err("its array is gone"));
+            return Ok(Verdict::Drop("its array is gone"));
         };
         let recorded = Node::parse(&r.meta).ok().and_then(|n| match n {
             Node::Array(m) => Some(m),
             Node::Group(_) => None,
         });
         let Some(recorded) = recorded else {
-            return Ok(Err("its layout record is not an array's"));
+            return Ok(Verdict::Drop("its layout record is not an array's"));
         };
         let placed = ShardLayout::of(&recorded)
             .ok()
             .flatten()
             .is_some_and(|l| array.layout.same_placement(&l) && array.chunk_inside(&r.coords));
         if !placed {
-            return Ok(Err("its array now lays chunks out elsewhere"));
+            return Ok(Verdict::Drop("its array now lays chunks out elsewhere"));
         }
         if !same_encoding(&recorded, &array.meta) {
-            return Ok(Err(
+            return Ok(Verdict::Drop(
                 "its array now encodes chunks otherwise (data type or codecs)",
             ));
         }
@@ -269,24 +282,41 @@ impl ShardFs {
             .as_ref()
             .is_some_and(|i| !i.is_empty() && !now.is_empty() && *i != now)
         {
-            return Ok(Err("its array was removed and made again since"));
+            return Ok(Verdict::Drop("its array was removed and made again since"));
         }
         if after_applied {
-            return Ok(Ok(array));
+            return Ok(Verdict::Apply(array));
         }
         let (stored, held_here) = self
             .shards
             .position_state(&self.backing, &array, &r.coords)?;
         if held_here {
-            return Ok(Err("this mount has written the chunk since"));
+            return Ok(Verdict::HeldHere(array));
         }
         Ok(match r.was {
-            Was::Unknown => Ok(array),
-            was if was == stored => Ok(array),
-            _ if stored == Was::of(r.data.as_deref()) => Err("its shard holds it already"),
-            _ => Err("the chunk was written since, by another mount or writer"),
+            Was::Unknown => Verdict::Apply(array),
+            was if was == stored => Verdict::Apply(array),
+            _ if stored == Was::of(r.data.as_deref()) => {
+                Verdict::Superseded(array, "its shard holds it already")
+            }
+            _ => Verdict::Superseded(
+                array,
+                "the chunk was written since, by another mount or writer",
+            ),
         })
     }
+}
+
+/// What the replay rule says of one record.
+enum Verdict {
+    /// It becomes its chunk's pending state.
+    Apply(Arc<ArrayState>),
+    /// This mount holds a newer state of the chunk.
+    HeldHere(Arc<ArrayState>),
+    /// The shard holds a newer state (or this very content).
+    Superseded(Arc<ArrayState>, &'static str),
+    /// Its array is not there any more as it was.
+    Drop(&'static str),
 }
 
 /// A shard that a replay gave pending state: its array and coordinates.

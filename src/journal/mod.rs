@@ -48,6 +48,13 @@ pub struct RecordRef {
     id: u64,
 }
 
+impl RecordRef {
+    /// The id of the journal the record is in.
+    pub fn journal(&self) -> String {
+        journal_id(&self.segment).unwrap_or_default()
+    }
+}
+
 #[cfg(test)]
 impl RecordRef {
     pub(crate) fn for_tests(id: u64) -> RecordRef {

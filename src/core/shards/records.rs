@@ -134,6 +134,48 @@ impl ShardRegistry {
         }
     }
 
+    /// A dead mount's record of a chunk this mount holds a newer state of: booked in the
+    /// chunk's ledger, so that the write of that state retires it once durable.
+    pub(crate) fn book_foreign(
+        &self,
+        backing: &Backing,
+        array: &Arc<ArrayState>,
+        coords: &[u64],
+        record: RecordRef,
+    ) -> Result<(), FsError> {
+        let loc = array.layout.locate(coords);
+        let slot = self.slot(backing, array, &loc.shard)?;
+        let late = {
+            let mut st = lock(&slot.state);
+            let stamp = self.stamp();
+            // No file of this mount holds its content.
+            let held = Held::Content {
+                file: 0,
+                version: 0,
+            };
+            book(&mut st, loc.pos, stamp, record, held)
+        };
+        if let Some(late) = late {
+            self.note_unsynced(array, &loc.shard, vec![late]);
+        }
+        Ok(())
+    }
+
+    /// The shard holding `coords`, file and directory, synced: what a replay found there
+    /// is durable before the record it supersedes goes.
+    pub(crate) fn sync_shard_of(
+        &self,
+        backing: &Backing,
+        array: &Arc<ArrayState>,
+        coords: &[u64],
+    ) -> Result<(), FsError> {
+        if self.store_is_backing {
+            let shard = array.layout.locate(coords).shard;
+            backing.sync_file_and_dir(&array.shard_rel(&shard))?;
+        }
+        Ok(())
+    }
+
     /// For a replay: what the shard file holds at `coords` now, and whether this mount holds
     /// a state of its own there (pending content, or a deletion not yet written).
     pub(crate) fn position_state(
