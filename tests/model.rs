@@ -305,10 +305,7 @@ impl World {
     }
 
     fn shardfs_ok(&self, args: &[&str]) -> Result<(), String> {
-        let out = run_limited(
-            Command::new(env!("CARGO_BIN_EXE_shardfs")).args(args),
-            LIMIT,
-        )?;
+        let out = run_limited(Command::new(common::shardfs_bin()).args(args), LIMIT)?;
         if out.status.success() {
             Ok(())
         } else {
@@ -498,7 +495,7 @@ fn label(c: &[u8]) -> String {
 /// Starts a mount in the foreground and kills it after `delay_ms` (during its replay, or
 /// just after), then clears whatever it left.
 fn kill_during_replay(backing: &Path, mountpoint: &Path, delay_ms: u64) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_shardfs"))
+    let mut child = Command::new(common::shardfs_bin())
         .args(["mount", "--foreground"])
         .arg(backing)
         .arg(mountpoint)

@@ -119,3 +119,36 @@ fn a_chunk_fsynced_over_an_unsynced_shard_survives_a_power_cut() {
     common::assert_ok(&m.unmount(&[]), "unmount");
     verify(&disk);
 }
+
+/// fsyncgate: after a sync failed, Linux may report a later sync of the same file as a
+/// success though the data never reached the disk. So once one failed, no fsync is
+/// acknowledged any more; what was acknowledged before survives a power cut.
+#[test]
+fn after_a_failed_sync_no_fsync_is_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let (layer, m, disk) = mounted_over_layer(dir.path());
+    let write_synced = |k: u8| -> std::io::Result<()> {
+        let mut f = fs::File::create(m.path(&format!("x/c/{k}")))?;
+        f.write_all(&[k + 1; 16])?;
+        f.sync_all()
+    };
+    write_synced(0).unwrap();
+    layer.fail_syncs(true);
+    assert!(write_synced(1).is_err(), "an fsync the disk failed");
+    layer.fail_syncs(false);
+    assert!(
+        write_synced(2).is_err(),
+        "an fsync after a failed one was acknowledged"
+    );
+    let out = common::shardfs(&["flush", m.mountpoint.to_str().unwrap()]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "flush after a failed sync: {}",
+        common::stdout(&out)
+    );
+    let m = power_cut(layer, m, &disk);
+    assert_eq!(fs::read(m.path("x/c/0")).unwrap(), vec![1; 16]);
+    common::assert_ok(&m.unmount(&[]), "unmount");
+    verify(&disk);
+}

@@ -116,6 +116,7 @@ impl Journal {
         body: &Body,
         entries: &[Entry],
     ) -> io::Result<Option<Vec<BodyChunk>>> {
+        self.trusted()?;
         let (file, chunks) = {
             let mut b = lock(&body.file);
             if b.finished {
@@ -156,7 +157,7 @@ impl Journal {
             }
             (b.file.clone(), chunks)
         };
-        if let Err(e) = file.sync_data() {
+        if let Err(e) = self.synced(file.sync_data(), "a journal body") {
             // Never acknowledged: these records hold nobody up.
             if let Some(entry) = lock(&self.bodies).get_mut(&body.path) {
                 entry.live = entry.live.saturating_sub(chunks.len() as u64);

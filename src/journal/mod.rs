@@ -150,6 +150,11 @@ pub struct Journal {
     /// sync, and until then every sync fails: a replay could bring their records back over
     /// newer content, so nothing may be acknowledged as durable.
     unrecorded: Mutex<Vec<u64>>,
+    /// The first sync that failed, if one did. From then on no sync is trusted: after a
+    /// failed writeback Linux reports the error once, and a later sync of the same file may
+    /// succeed without the data ever reaching the disk (PostgreSQL's "fsyncgate"). Every
+    /// fsync fails, and nothing is retired, until a new mount replays the journal.
+    poisoned: Mutex<Option<String>>,
     /// When dead mounts' journals were last looked for by a live mount.
     last_adoption: Mutex<Option<std::time::Instant>>,
     /// The OFD lock that tells other mounts this journal is alive.
@@ -187,6 +192,7 @@ impl Journal {
             sync: Mutex::default(),
             synced_cv: Condvar::new(),
             unrecorded: Mutex::default(),
+            poisoned: Mutex::default(),
             last_adoption: Mutex::default(),
             _alive: alive,
             group_commits: AtomicU64::new(0),
@@ -292,7 +298,7 @@ impl Journal {
     /// Closes the current segment (durably: its records may not have been synced yet) and
     /// begins the next one.
     fn rotate(&self, cur: &mut Current) -> io::Result<()> {
-        cur.file.sync_data()?;
+        self.synced(cur.file.sync_data(), "a journal segment")?;
         let next = Self::new_segment(&self.backing, &self.id, cur.number + 1)?;
         let old = std::mem::replace(cur, next);
         lock(&self.segments).entry(old.path).or_insert(Segment {
@@ -302,8 +308,34 @@ impl Journal {
         Ok(())
     }
 
+    /// Fails once a sync has failed (`poisoned`).
+    pub fn trusted(&self) -> io::Result<()> {
+        match &*lock(&self.poisoned) {
+            None => Ok(()),
+            Some(first) => Err(io::Error::other(format!(
+                "a sync failed earlier ({first}): nothing is taken for durable until the \
+                 journal is replayed by a new mount"
+            ))),
+        }
+    }
+
+    /// Passes on the outcome of a sync of `what`, remembering a failure for good.
+    pub fn synced(&self, result: io::Result<()>, what: &str) -> io::Result<()> {
+        if let Err(e) = &result {
+            let mut p = lock(&self.poisoned);
+            if p.is_none() {
+                warn!(
+                    "sync of {what} failed: from now on every fsync fails until a new mount replays the journal: {e}"
+                );
+                *p = Some(format!("{what}: {e}"));
+            }
+        }
+        result
+    }
+
     /// Waits until append number `seq` is durable, syncing for everyone if nobody is.
     fn sync_to(&self, seq: u64) -> io::Result<()> {
+        self.trusted()?;
         let mut sync = lock(&self.sync);
         loop {
             if sync.synced >= seq {
@@ -318,7 +350,7 @@ impl Journal {
         let target = sync.written;
         drop(sync);
         let file = lock(&self.current).file.try_clone();
-        let result = file.and_then(|f| f.sync_data());
+        let result = self.synced(file.and_then(|f| f.sync_data()), "a journal segment");
         let mut sync = lock(&self.sync);
         sync.syncing = false;
         if result.is_ok() {

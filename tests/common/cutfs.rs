@@ -51,12 +51,15 @@ struct Layer {
     disk: PathBuf,
     state: Mutex<State>,
     off: Arc<AtomicBool>,
+    /// fsync fails with EIO, and nothing reaches the disk (a failing writeback).
+    fail_sync: Arc<AtomicBool>,
 }
 
 /// A mounted layer; `cut` ends it.
 pub struct CutFs {
     pub mountpoint: PathBuf,
     off: Arc<AtomicBool>,
+    fail_sync: Arc<AtomicBool>,
     session: Option<fuser::BackgroundSession>,
 }
 
@@ -79,10 +82,12 @@ impl CutFs {
         };
         state.paths.insert(1, PathBuf::new());
         state.inos.insert(PathBuf::new(), 1);
+        let fail_sync = Arc::new(AtomicBool::new(false));
         let layer = Layer {
             disk: disk.to_path_buf(),
             state: Mutex::new(state),
             off: off.clone(),
+            fail_sync: fail_sync.clone(),
         };
         let mut config = Config::default();
         config.mount_options = vec![MountOption::FSName("cutfs".into())];
@@ -93,8 +98,16 @@ impl CutFs {
         CutFs {
             mountpoint: mountpoint.to_path_buf(),
             off,
+            fail_sync,
             session: Some(session),
         }
+    }
+
+    /// From now on (`true`) every fsync fails with EIO and reaches nothing, as when the
+    /// disk fails a writeback; `false` ends that. A later fsync of the same file then
+    /// succeeds and writes what it holds, kinder than Linux, which may have dropped it.
+    pub fn fail_syncs(&self, on: bool) {
+        self.fail_sync.store(on, Ordering::SeqCst);
     }
 
     /// The power cut: from now on every request fails with EIO, and whatever was not
@@ -237,6 +250,9 @@ impl Layer {
 
     /// The file's unsynced changes reach the disk, synced.
     fn sync(&self, file: &File) -> Res<()> {
+        if self.fail_sync.load(Ordering::SeqCst) {
+            return Err(Errno::from_i32(libc::EIO));
+        }
         let key = Self::key(file)?;
         let changes = self.st().unsynced.remove(&key).unwrap_or_default();
         for c in &changes {

@@ -49,8 +49,16 @@ pub fn run_fixtures(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// The shardfs binary under test: cargo's, or `SHARDFS_BIN` (a copy kept still while a
+/// long model run goes on and the tree is rebuilt).
+pub fn shardfs_bin() -> PathBuf {
+    std::env::var_os("SHARDFS_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_shardfs")))
+}
+
 pub fn shardfs(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_shardfs"))
+    Command::new(shardfs_bin())
         .args(args)
         .output()
         .expect("shardfs runs")

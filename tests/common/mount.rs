@@ -56,10 +56,7 @@ pub fn run_limited(cmd: &mut Command, limit: Duration) -> Result<Output, String>
 }
 
 pub fn shardfs_timeout(args: &[&str], limit: Duration) -> Output {
-    run_timeout(
-        Command::new(env!("CARGO_BIN_EXE_shardfs")).args(args),
-        limit,
-    )
+    run_timeout(Command::new(super::shardfs_bin()).args(args), limit)
 }
 
 /// Runs a fixtures.py subcommand against the mount, with a timeout.
@@ -124,7 +121,7 @@ impl Mounted {
         ];
         args.extend_from_slice(extra_args);
         let out = run_timeout(
-            Command::new(env!("CARGO_BIN_EXE_shardfs"))
+            Command::new(super::shardfs_bin())
                 .args(&args)
                 .envs(env.iter().map(|(k, v)| (*k, v.as_str()))),
             Duration::from_secs(30),
@@ -218,7 +215,7 @@ impl Drop for Mounted {
         }
         if is_mounted(&self.mountpoint) {
             let unmounted = run_limited(
-                Command::new(env!("CARGO_BIN_EXE_shardfs"))
+                Command::new(super::shardfs_bin())
                     .arg("unmount")
                     .arg(&self.mountpoint),
                 Duration::from_secs(60),

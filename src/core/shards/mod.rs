@@ -310,8 +310,15 @@ impl ShardRegistry {
         };
         let mut first_error = None;
         for (key, u) in picked {
-            match backing.sync_file_and_dir(&u.rel) {
-                Ok(_) => self.retire(u.records),
+            // A failed sync is never retried into a success (`Journal::synced`): once one
+            // failed, nothing retires, and the records wait for a new mount's replay.
+            let synced = backing.sync_file_and_dir(&u.rel).map(|_| ());
+            let synced = match self.journal() {
+                Some(j) => j.synced(synced, "a shard").and_then(|()| j.trusted()),
+                None => synced,
+            };
+            match synced {
+                Ok(()) => self.retire(u.records),
                 Err(e) => {
                     first_error.get_or_insert(FsError::from(e));
                     let mut unsynced = lock(&self.unsynced);

@@ -395,8 +395,12 @@ impl ShardJob<'_> {
         {
             body.set_group(dir.gid())?;
         }
-        // The index must never name bytes that a crash could lose.
-        body.sync()?;
+        // The index must never name bytes that a crash could lose; and a failed sync of the
+        // body is never retried into a success (`Journal::synced`).
+        match reg.journal() {
+            Some(j) => j.synced(body.sync(), "a journal body")?,
+            None => body.sync()?,
+        }
         match self.backing.rename(body.path(), self.rel) {
             Err(e) if e.raw_os_error() == Some(libc::EXDEV) => return Ok(None),
             r => r?,
