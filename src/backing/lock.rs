@@ -103,7 +103,12 @@ impl Backing {
 impl KeyLock {
     /// Makes `buffers` the content of the key: written into the lock file, synced as
     /// `durability` asks, renamed onto the key. Returns the new file's metadata.
-    pub fn replace(mut self, buffers: &[Bytes], durability: Durability) -> io::Result<Metadata> {
+    /// Returns the new file's metadata and inode generation (`super::generation`).
+    pub fn replace(
+        mut self,
+        buffers: &[Bytes],
+        durability: Durability,
+    ) -> io::Result<(Metadata, Option<u64>)> {
         let len: u64 = buffers.iter().map(|b| b.len() as u64).sum();
         // A stale, longer lock file left by a writer that died is cut to size.
         self.file.set_len(0)?;
@@ -124,7 +129,7 @@ impl KeyLock {
         if durability == Durability::Now {
             rustix::fs::fsync(&self.dir).map_err(errno)?;
         }
-        self.file.metadata()
+        Ok((self.file.metadata()?, super::generation(&self.file)))
     }
 
     /// Removes the key. Returns whether it was there.

@@ -34,6 +34,23 @@ pub struct FileVersion {
     pub mtime_ns: i128,
 }
 
+/// The inode generation of `file` (FS_IOC_GETVERSION), where the file system keeps one: it
+/// changes when an inode number is reused, which sizes and times alone cannot show within
+/// one timestamp tick.
+pub fn generation(file: &std::fs::File) -> Option<u64> {
+    use std::os::fd::AsRawFd;
+    let mut generation: libc::c_long = 0;
+    // SAFETY: FS_IOC_GETVERSION writes one long through the pointer, which outlives the call.
+    let rc = unsafe {
+        libc::ioctl(
+            file.as_raw_fd(),
+            libc::FS_IOC_GETVERSION,
+            &mut generation as *mut libc::c_long,
+        )
+    };
+    (rc == 0).then_some(generation as u64)
+}
+
 impl FileVersion {
     pub fn of(m: &Metadata) -> FileVersion {
         FileVersion {

@@ -279,7 +279,8 @@ impl Finishing<'_> {
         self.file.file.sync_data()
     }
 
-    pub fn metadata(&self) -> io::Result<std::fs::Metadata> {
-        self.file.file.metadata()
+    /// Its version, as the BACKING store names versions (it became a shard).
+    pub fn info(&self) -> io::Result<crate::store::ObjectInfo> {
+        crate::store::posix::file_info(&self.file.file)
     }
 }

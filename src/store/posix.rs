@@ -24,7 +24,7 @@ impl Store for Backing {
             Err(e) if is_absent(&e) || e.raw_os_error() == Some(libc::EINVAL) => return Ok(None),
             Err(e) => return Err(e.into()),
         };
-        let info = info_of(&file.metadata()?);
+        let info = file_info(&file)?;
         Ok(Some(Arc::new(FileBlob { file, info })))
     }
 
@@ -53,7 +53,8 @@ impl Store for Backing {
         } else {
             Durability::Later
         };
-        Ok(info_of(&lock.replace(parts, durability)?))
+        let (meta, generation) = lock.replace(parts, durability)?;
+        Ok(info_of(&meta, generation))
     }
 
     fn delete(&self, key: &Path, when: Precondition) -> Result<bool, StoreError> {
@@ -96,20 +97,49 @@ impl Backing {
     ) -> Result<(crate::backing::lock::KeyLock, Option<Metadata>), StoreError> {
         let lock = self.lock_key(key)?;
         let current = self.stat(key)?.filter(Metadata::is_file);
-        if !when.holds(current.as_ref().map(|m| info_of(m).tag).as_deref()) {
+        let tag = match &current {
+            Some(_) => match Backing::open(self, key) {
+                Ok(f) => Some(file_info(&f)?.tag),
+                Err(e) if is_absent(&e) => None,
+                Err(e) => return Err(e.into()),
+            },
+            None => None,
+        };
+        if !when.holds(tag.as_deref()) {
             return Err(StoreError::Conflict(self.describe(key)));
         }
         Ok((lock, current))
     }
 }
 
-/// A file's version (also of shards this mount writes): a rewrite by rename changes the inode, one in place the size or mtime.
-pub fn info_of(m: &Metadata) -> ObjectInfo {
+/// A file's version (also of shards this mount writes): a rewrite by rename changes the
+/// inode, one in place the size or the times.
+pub fn info_of(m: &Metadata, generation: Option<u64>) -> ObjectInfo {
+    // The inode, size, modification and change times (to the nanosecond), and the inode's
+    // generation where there is one: a file made anew on a reused inode number, of the
+    // same size within one timestamp tick, still gets another tag.
+    let mut tag = format!(
+        "{}-{}-{}.{}-{}.{}",
+        m.ino(),
+        m.len(),
+        m.mtime(),
+        m.mtime_nsec(),
+        m.ctime(),
+        m.ctime_nsec()
+    );
+    if let Some(g) = generation {
+        tag.push_str(&format!("-g{g}"));
+    }
     ObjectInfo {
         size: m.len(),
-        tag: format!("{}-{}-{}.{}", m.ino(), m.len(), m.mtime(), m.mtime_nsec()),
+        tag,
         mtime: mtime_of(m),
     }
+}
+
+/// `info_of` an open file.
+pub fn file_info(file: &File) -> io::Result<ObjectInfo> {
+    Ok(info_of(&file.metadata()?, crate::backing::generation(file)))
 }
 
 #[derive(Debug)]
@@ -127,5 +157,27 @@ impl ReadAt for FileBlob {
 impl Blob for FileBlob {
     fn info(&self) -> &ObjectInfo {
         &self.info
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_made_anew_on_the_same_path_gets_another_tag() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"same size").unwrap();
+        let first = file_info(&File::open(&path).unwrap()).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        std::fs::write(&path, b"same size").unwrap();
+        let second = file_info(&File::open(&path).unwrap()).unwrap();
+        assert_ne!(first.tag, second.tag);
+        // Where the file system keeps inode generations (ext4, xfs, btrfs), the tag
+        // carries it: a reused inode number within one timestamp tick still differs.
+        if crate::backing::generation(&File::open(&path).unwrap()).is_some() {
+            assert!(second.tag.contains("-g"), "{}", second.tag);
+        }
     }
 }

@@ -418,7 +418,7 @@ impl ShardJob<'_> {
                 |e| warn!(shard = %self.rel.display(), "shard written, not yet durable: {e}"),
             )
             .is_ok();
-        let info = crate::store::posix::info_of(&body.metadata()?);
+        let info = body.info()?;
         Stats::add(&reg.stats.shards_from_bodies, 1);
         debug!(shard = %self.rel.display(), bytes = body.len(), mode = ?self.mode, "shard written from its body");
         Ok(Some(Written {
