@@ -537,3 +537,29 @@ fn a_new_zarr_json_fsynced_half_written_is_judged_when_complete() {
     assert!(is_sharded(&stored_doc(&backing, "n")));
     verify(&backing);
 }
+
+/// Mounts of one BACKING starting at the same moment: none takes another's fresh journal
+/// for a dead one (a journal's lock is locked before it gets its name), so all of them
+/// come up, each with its own journal.
+#[test]
+fn mounts_starting_together_all_come_up() {
+    let (_d, backing, _) = dirs();
+    let starts: Vec<std::thread::JoinHandle<Mounted>> = (0..4)
+        .map(|_| {
+            let backing = backing.clone();
+            std::thread::spawn(move || Mounted::new(&backing, &["--chunks-per-shard", "4"], LIMIT))
+        })
+        .collect();
+    let mounts: Vec<Mounted> = starts.into_iter().map(|t| t.join().unwrap()).collect();
+    let locks = fs::read_dir(backing.join(".shardfs/journal"))
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".lock"))
+        })
+        .count();
+    assert_eq!(locks, 4, "one live journal per mount");
+    for m in &mounts {
+        assert_ok(&m.unmount(&[]), "unmount");
+    }
+}
