@@ -57,6 +57,10 @@ enum Op {
     /// fsync of the array's key directory (`c`), or of the array directory.
     FsyncDir(usize, bool),
     Rename(Key, Key),
+    /// A new content written into a file that is renamed onto the second key while still
+    /// open, half before the rename and half after (tensorstore's lock file, any writer
+    /// whose file is moved under it), with the file fsynced before it is closed when `true`.
+    RenameOpen(Key, Key, bool),
     Unlink(Key),
     /// `rm -r` of the array, then its `zarr.json` written again.
     Recreate(usize),
@@ -267,6 +271,7 @@ impl World {
                 self.model.get_mut(&to).unwrap().set(c);
                 self.model.get_mut(&from).unwrap().set(None);
             }
+            Op::RenameOpen(from, to, sync) => self.rename_open(from, to, sync)?,
             Op::Unlink(key) => {
                 io(fs::remove_file(self.chunk_path(key)), "unlink")?;
                 self.model.get_mut(&key).unwrap().set(None);
@@ -300,6 +305,32 @@ impl World {
                 }
             }
             Op::Crash(during_replay) => self.crash(during_replay)?,
+        }
+        Ok(())
+    }
+
+    fn rename_open(&mut self, from: Key, to: Key, sync: bool) -> Result<(), String> {
+        let c = self.next(to);
+        let dest = self.chunk_path(to);
+        let r = fs::create_dir_all(dest.parent().unwrap()).and_then(|_| {
+            let mut f = fs::OpenOptions::new()
+                .write(true)
+                .open(self.chunk_path(from))?;
+            f.set_len(0)?;
+            f.write_all(&c[..8])?;
+            fs::rename(self.chunk_path(from), &dest)?;
+            f.write_all(&c[8..])?;
+            if sync {
+                f.sync_all()?;
+            }
+            Ok(())
+        });
+        r.map_err(|e| format!("rename of an open file: {e}"))?;
+        self.model.get_mut(&from).unwrap().set(None);
+        let chunk = self.model.get_mut(&to).unwrap();
+        chunk.set(Some(c));
+        if sync {
+            chunk.sync();
         }
         Ok(())
     }
@@ -522,7 +553,8 @@ fn sequence(rng: &mut Rng, n: usize, crash_at_end: bool) -> Vec<Op> {
             37..41 => Op::Refill(key(rng)),
             41..53 => Op::FsyncFile(key(rng)),
             53..61 => Op::FsyncDir(rng.below(ARRAYS.len()), rng.below(2) == 0),
-            61..71 => Op::Rename(key(rng), key(rng)),
+            61..68 => Op::Rename(key(rng), key(rng)),
+            68..71 => Op::RenameOpen(key(rng), key(rng), rng.below(2) == 0),
             71..78 => Op::Unlink(key(rng)),
             78..80 => Op::Recreate(rng.below(ARRAYS.len())),
             80..85 => Op::RewriteMeta(rng.below(ARRAYS.len()), rng.below(3) as u8),
@@ -542,7 +574,7 @@ fn sequence(rng: &mut Rng, n: usize, crash_at_end: bool) -> Vec<Op> {
 fn applicable(w: &World, op: &Op) -> bool {
     match op {
         Op::Patch(k, _) | Op::Refill(k) | Op::FsyncFile(k) | Op::Unlink(k) => w.exists(*k),
-        Op::Rename(from, to) => from != to && w.exists(*from),
+        Op::Rename(from, to) | Op::RenameOpen(from, to, _) => from != to && w.exists(*from),
         _ => true,
     }
 }
