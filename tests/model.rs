@@ -73,6 +73,10 @@ enum Op {
     Witness,
     /// SIGKILL of the daemon; with `true`, the next mount is killed during its replay too.
     Crash(bool),
+    /// The disk fills up (`true`: every write to it fails with ENOSPC) or is freed; only
+    /// under the power-cut layer. While full, an operation may fail: it then makes nothing
+    /// durable, and what it wrote may or may not be the chunk's content.
+    Full(bool),
 }
 
 /// What the model knows of one chunk.
@@ -118,6 +122,7 @@ struct World {
     witness: Option<Mounted>,
     model: BTreeMap<Key, Chunk>,
     counter: u64,
+    full: bool,
     log: Vec<String>,
 }
 
@@ -155,6 +160,7 @@ impl World {
             witness: None,
             model: BTreeMap::new(),
             counter: 0,
+            full: false,
             log: Vec::new(),
         };
         w.mount = Some(w.mount_now().expect("the first mount"));
@@ -208,23 +214,44 @@ impl World {
     }
 
     /// Runs `op`; `Err` says what went wrong (an unexpected error, or a read the model
-    /// does not allow).
+    /// does not allow). On a full disk an operation may fail: what it would have made
+    /// durable is not, and what it wrote may or may not be the content.
     fn run(&mut self, op: &Op) -> Result<(), String> {
+        if !self.full {
+            return self.run_op(op);
+        }
+        // The model takes a write before it is made and a durability point only after it
+        // returned: a write that failed on the full disk is in memory all the same (the
+        // mount holds it; its close or shard write failed), and nothing became durable.
+        let may_fail = !matches!(op, Op::Crash(_) | Op::Full(_));
+        match self.run_op(op) {
+            Err(e)
+                if may_fail
+                    && (e.contains("No space left") || e.contains("Input/output error")) =>
+            {
+                Ok(())
+            }
+            other => other,
+        }
+    }
+
+    fn run_op(&mut self, op: &Op) -> Result<(), String> {
         self.log.push(format!("{op:?}"));
         let io = |r: std::io::Result<()>, what: &str| r.map_err(|e| format!("{what}: {e}"));
         match op.clone() {
             Op::Write(key) => {
                 let c = self.next(key);
                 let path = self.chunk_path(key);
+                self.model.get_mut(&key).unwrap().set(Some(c.clone()));
                 io(fs::create_dir_all(path.parent().unwrap()), "mkdir")?;
                 io(fs::write(path, &c), "write")?;
-                self.model.get_mut(&key).unwrap().set(Some(c));
             }
             Op::Patch(key, at) => {
                 let mut c = self.model[&key].current.clone().unwrap();
                 let at = (at % 13) as usize;
                 let patch = self.next(key)[..4].to_vec();
                 c[at..at + 4].copy_from_slice(&patch);
+                self.model.get_mut(&key).unwrap().set(Some(c));
                 let r = fs::OpenOptions::new()
                     .write(true)
                     .open(self.chunk_path(key))
@@ -233,10 +260,10 @@ impl World {
                         f.write_all(&patch)
                     });
                 io(r, "patch")?;
-                self.model.get_mut(&key).unwrap().set(Some(c));
             }
             Op::Refill(key) => {
                 let c = self.next(key);
+                self.model.get_mut(&key).unwrap().set(Some(c.clone()));
                 let r = fs::OpenOptions::new()
                     .write(true)
                     .open(self.chunk_path(key))
@@ -245,7 +272,6 @@ impl World {
                         f.write_all(&c)
                     });
                 io(r, "refill")?;
-                self.model.get_mut(&key).unwrap().set(Some(c));
             }
             Op::FsyncFile(key) => {
                 let r = fs::File::open(self.chunk_path(key)).and_then(|f| f.sync_all());
@@ -305,6 +331,12 @@ impl World {
                 }
             }
             Op::Crash(during_replay) => self.crash(during_replay)?,
+            Op::Full(on) => {
+                if let Some(layer) = &self.layer {
+                    layer.fill(on);
+                    self.full = on;
+                }
+            }
         }
         Ok(())
     }
@@ -312,6 +344,8 @@ impl World {
     fn rename_open(&mut self, from: Key, to: Key, sync: bool) -> Result<(), String> {
         let c = self.next(to);
         let dest = self.chunk_path(to);
+        self.model.get_mut(&from).unwrap().set(None);
+        self.model.get_mut(&to).unwrap().set(Some(c.clone()));
         let r = fs::create_dir_all(dest.parent().unwrap()).and_then(|_| {
             let mut f = fs::OpenOptions::new()
                 .write(true)
@@ -326,11 +360,8 @@ impl World {
             Ok(())
         });
         r.map_err(|e| format!("rename of an open file: {e}"))?;
-        self.model.get_mut(&from).unwrap().set(None);
-        let chunk = self.model.get_mut(&to).unwrap();
-        chunk.set(Some(c));
         if sync {
-            chunk.sync();
+            self.model.get_mut(&to).unwrap().sync();
         }
         Ok(())
     }
@@ -393,8 +424,10 @@ impl World {
         let _ = dead.unmount(&[]);
         let mountpoint = dead.mountpoint.clone();
         if self.layer.is_none() && self.backing != self.disk {
-            // The machine back: the disk as the cut left it, under a new layer.
+            // The machine back: the disk as the cut left it (with room again), under a new
+            // layer.
             self.layer = Some(CutFs::mount(&self.disk, &self.backing));
+            self.full = false;
         }
         if let Some(w) = self.witness.take() {
             drop(dead);
@@ -465,6 +498,9 @@ impl World {
     /// The end: everything written, BACKING verifies, and zarr-python reads every array
     /// as the model has it.
     fn finish(&mut self) -> Result<(), String> {
+        if let Some(layer) = &self.layer {
+            layer.fill(false);
+        }
         if let Some(w) = self.witness.take() {
             let out = w.unmount(&[]);
             if !out.status.success() {
@@ -561,6 +597,7 @@ fn sequence(rng: &mut Rng, n: usize, crash_at_end: bool) -> Vec<Op> {
             85..89 => Op::Flush,
             89..91 => Op::Remount,
             91..94 => Op::Witness,
+            94..96 => Op::Full(rng.below(2) == 0),
             _ => Op::Crash(rng.below(2) == 0),
         })
         .collect();
@@ -575,6 +612,8 @@ fn applicable(w: &World, op: &Op) -> bool {
     match op {
         Op::Patch(k, _) | Op::Refill(k) | Op::FsyncFile(k) | Op::Unlink(k) => w.exists(*k),
         Op::Rename(from, to) | Op::RenameOpen(from, to, _) => from != to && w.exists(*from),
+        // Not on a full disk: their partial failures are more than the model tracks.
+        Op::Recreate(_) | Op::RewriteMeta(..) | Op::Remount | Op::Witness => !w.full,
         _ => true,
     }
 }

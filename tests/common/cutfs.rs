@@ -53,6 +53,8 @@ struct Layer {
     off: Arc<AtomicBool>,
     /// fsync fails with EIO, and nothing reaches the disk (a failing writeback).
     fail_sync: Arc<AtomicBool>,
+    /// Writes fail with ENOSPC (a full disk).
+    full: Arc<AtomicBool>,
 }
 
 /// A mounted layer; `cut` ends it.
@@ -60,6 +62,7 @@ pub struct CutFs {
     pub mountpoint: PathBuf,
     off: Arc<AtomicBool>,
     fail_sync: Arc<AtomicBool>,
+    full: Arc<AtomicBool>,
     session: Option<fuser::BackgroundSession>,
 }
 
@@ -83,11 +86,13 @@ impl CutFs {
         state.paths.insert(1, PathBuf::new());
         state.inos.insert(PathBuf::new(), 1);
         let fail_sync = Arc::new(AtomicBool::new(false));
+        let full = Arc::new(AtomicBool::new(false));
         let layer = Layer {
             disk: disk.to_path_buf(),
             state: Mutex::new(state),
             off: off.clone(),
             fail_sync: fail_sync.clone(),
+            full: full.clone(),
         };
         let mut config = Config::default();
         config.mount_options = vec![MountOption::FSName("cutfs".into())];
@@ -99,6 +104,7 @@ impl CutFs {
             mountpoint: mountpoint.to_path_buf(),
             off,
             fail_sync,
+            full,
             session: Some(session),
         }
     }
@@ -108,6 +114,12 @@ impl CutFs {
     /// succeeds and writes what it holds, kinder than Linux, which may have dropped it.
     pub fn fail_syncs(&self, on: bool) {
         self.fail_sync.store(on, Ordering::SeqCst);
+    }
+
+    /// From now on (`true`) every write fails with ENOSPC, as on a full disk; `false`
+    /// frees the space.
+    pub fn fill(&self, on: bool) {
+        self.full.store(on, Ordering::SeqCst);
     }
 
     /// The power cut: from now on every request fails with EIO, and whatever was not
@@ -681,6 +693,10 @@ impl Filesystem for Layer {
     ) {
         let r = self
             .on()
+            .and_then(|_| match self.full.load(Ordering::SeqCst) {
+                true => Err(Errno::from_i32(libc::ENOSPC)),
+                false => Ok(()),
+            })
             .and_then(|_| self.handle(fh))
             .and_then(|f| self.change(&f, Change::Write(offset, data.to_vec())));
         match r {
