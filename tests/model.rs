@@ -460,7 +460,12 @@ impl World {
                 return Ok(());
             }
             if start.elapsed() > Duration::from_secs(20) {
-                return Err(format!("the witness did not take over: journals {ids:?}"));
+                let log = self.m().log_text();
+                let tail: Vec<&str> = log.lines().rev().take(12).collect();
+                return Err(format!(
+                    "the witness did not take over: journals {ids:?}; its log, last lines first:\n{}",
+                    tail.join("\n")
+                ));
             }
             std::thread::sleep(Duration::from_millis(50));
         }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use tracing::{info, warn};
 
 use super::ShardFs;
-use super::array::ArrayState;
+use super::array::{ArrayState, lock};
 use super::error::FsError;
 use super::shards::{PendingChunk, ShardState, WriteMode};
 use crate::journal::record::Was;
@@ -141,7 +141,13 @@ impl ShardFs {
         let Some(journal) = self.shards.journal().cloned() else {
             return Ok(0);
         };
-        let (count, touched) = self.take_over(&journal)?;
+        let (count, touched, failed) = self.take_over(&journal)?;
+        if failed > 0 {
+            return Err(FsError::Failed(
+                format!("journal replay could not apply {failed} records (see the log)"),
+                libc::EIO,
+            ));
+        }
         if !touched.is_empty() {
             // Live only once every replayed chunk is in its shard: a journal taken over is
             // never left half applied behind a mount that takes new writes.
@@ -169,7 +175,7 @@ impl ShardFs {
         }
         let _gate = self.gate.shared();
         let touched = match self.take_over(&journal) {
-            Ok((_, touched)) => touched,
+            Ok((_, touched, _)) => touched,
             Err(e) => {
                 warn!("journal of a mount that is gone not taken over yet: {e}");
                 return;
@@ -194,58 +200,86 @@ impl ShardFs {
     }
 
     /// Takes over the journals of mounts that are gone: each record the replay rule allows
-    /// becomes its chunk's pending state, the others retire. Returns how many records were
-    /// read, and the shards that got pending state.
-    fn take_over(&self, journal: &Journal) -> Result<(usize, Vec<Touched>), FsError> {
-        let replayed = journal.adopt_dead()?;
+    /// becomes its chunk's pending state, the others retire. A record that fails (a shard
+    /// that cannot be read just now) stays live and is tried again at the next look, before
+    /// newly found journals. Returns how many records were read, the shards that got
+    /// pending state, and how many records failed.
+    fn take_over(&self, journal: &Journal) -> Result<(usize, Vec<Touched>, usize), FsError> {
+        let mut replayed = std::mem::take(&mut *lock(&self.unreplayed));
+        replayed.extend(journal.adopt_dead()?);
         let count = replayed.len();
         // Positions set by this replay, per journal: a journal's later records of them
         // follow its earlier ones, whatever the shard holds. (Another journal's record of
         // one finds it held here.)
         let mut applied: BTreeSet<(String, PathBuf, Vec<u64>)> = BTreeSet::new();
         let mut touched: BTreeMap<(PathBuf, Vec<u64>), Arc<ArrayState>> = BTreeMap::new();
+        let mut failed = Vec::new();
         for r in replayed {
             let key = (r.record.journal(), r.array.clone(), r.coords.clone());
-            match self.replay_verdict(&r, applied.contains(&key))? {
-                Verdict::Apply(array) => {
+            let after_applied = applied.contains(&key);
+            match self.replay_one(&r, after_applied) {
+                Ok(Some(array)) => {
                     let shard = array.layout.locate(&r.coords).shard;
-                    self.shards.replay_record(
-                        &self.backing,
-                        &array,
-                        &r.coords,
-                        r.data,
-                        r.record,
-                    )?;
                     touched.insert((array.rel.clone(), shard), array);
                     applied.insert(key);
                 }
-                Verdict::HeldHere(array) => {
-                    // This mount's newer state retires it once written durably, as it
-                    // would a record of its own: until then a crash may need it.
-                    self.shards
-                        .book_foreign(&self.backing, &array, &r.coords, r.record)?;
-                }
-                Verdict::Superseded(array, why) => {
-                    // What superseded it may still be only in the page cache (another
-                    // mount's write, a killed replay's): durable first, then retired.
-                    info!(array = %r.array.display(), coords = ?r.coords,
-                        "journaled chunk not replayed: {why}");
-                    self.shards
-                        .sync_shard_of(&self.backing, &array, &r.coords)?;
-                    self.shards.retire(vec![r.record]);
-                }
-                Verdict::Drop(why) => {
+                Ok(None) => {}
+                Err(e) => {
                     warn!(array = %r.array.display(), coords = ?r.coords,
-                        "journaled chunk not replayed: {why}");
-                    self.shards.retire(vec![r.record]);
+                        "journaled chunk not replayed yet (tried again): {e}");
+                    failed.push(r);
                 }
             }
         }
+        let n_failed = failed.len();
+        lock(&self.unreplayed).extend(failed);
         let touched = touched
             .into_iter()
             .map(|((_, shard), array)| (array, shard))
             .collect();
-        Ok((count, touched))
+        Ok((count, touched, n_failed))
+    }
+
+    /// One record, as the replay rule says. Returns the array it became pending state of.
+    fn replay_one(
+        &self,
+        r: &Replayed,
+        after_applied: bool,
+    ) -> Result<Option<Arc<ArrayState>>, FsError> {
+        let record = r.record.clone();
+        match self.replay_verdict(r, after_applied)? {
+            Verdict::Apply(array) => {
+                self.shards.replay_record(
+                    &self.backing,
+                    &array,
+                    &r.coords,
+                    r.data.clone(),
+                    record,
+                )?;
+                return Ok(Some(array));
+            }
+            Verdict::HeldHere(array) => {
+                // This mount's newer state retires it once written durably, as it would a
+                // record of its own: until then a crash may need it.
+                self.shards
+                    .book_foreign(&self.backing, &array, &r.coords, record)?;
+            }
+            Verdict::Superseded(array, why) => {
+                // What superseded it may still be only in the page cache (another mount's
+                // write, a killed replay's): durable first, then retired.
+                info!(array = %r.array.display(), coords = ?r.coords,
+                    "journaled chunk not replayed: {why}");
+                self.shards
+                    .sync_shard_of(&self.backing, &array, &r.coords)?;
+                self.shards.retire(vec![record]);
+            }
+            Verdict::Drop(why) => {
+                warn!(array = %r.array.display(), coords = ?r.coords,
+                    "journaled chunk not replayed: {why}");
+                self.shards.retire(vec![record]);
+            }
+        }
+        Ok(None)
     }
 
     /// The replay rule: a record becomes its chunk's pending state only into the array it

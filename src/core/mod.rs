@@ -106,6 +106,8 @@ pub struct ShardFs {
     /// metadata are all moved into shards, none slips in between.
     pub(crate) plain_names: std::sync::RwLock<()>,
     pub(crate) gate: Gate,
+    /// Records of dead mounts' journals that could not be applied yet (`durable.rs`).
+    pub(crate) unreplayed: std::sync::Mutex<Vec<crate::journal::Replayed>>,
     /// For an object-store mount: the store where what the core writes to BACKING outside
     /// the shards (metadata documents, files written out) is published, BACKING being a
     /// local mirror of it (`store::mirror`).
@@ -181,6 +183,7 @@ impl ShardFs {
             daemon,
             plain_names: std::sync::RwLock::new(()),
             gate: Gate::default(),
+            unreplayed: std::sync::Mutex::default(),
             published: None,
         }
     }

@@ -733,9 +733,17 @@ impl ShardFs {
         let mut kind = self.put_content(&mv.place, content.clone())?;
         // A chunk whose content the journal holds is made durable at its new name before
         // its old name's removal is journaled: a crash finds it at one of them. If that
-        // fails (a full disk), the old name's records stay live, and the rename is not
-        // durable yet.
+        // fails (a full disk), or the file is still being written, the old name's records
+        // stay live, and the rename is not durable yet.
         let durable_elsewhere = match &mv.src {
+            // Still being written (open, never fsynced): its half-written content is no
+            // state to make durable, so the old name keeps its records for now.
+            NodeKind::Chunk { array, coords }
+                if !content.durable_on_request()
+                    && self.shards.journal_holds(&self.backing, array, coords)? =>
+            {
+                false
+            }
             NodeKind::Chunk { array, coords }
                 if self.shards.journal_holds(&self.backing, array, coords)? =>
             {
