@@ -350,10 +350,10 @@ fn a_retirement_refused_by_a_full_disk_fails_flush_and_rolls_nothing_back() {
     write_synced(&a.join("c/0"), &[2; 16]); // v1, fsynced: a record
     write_synced(&b.join("c/0"), &[2; 16]);
     // Pad the segment to a page boundary, so that the retirement needs a new page. A chunk
-    // record of a 1-D array is 45 bytes and its data: a 16-byte header, then layout, ndim,
-    // id, one coordinate and what the shard held.
+    // record of a 1-D array is 53 bytes and its data: a 16-byte header, then layout, ndim,
+    // id, one coordinate, what the shard held and when.
     let room = 4096 - segment_len(&backing) % 4096;
-    let pad = (room + 4096 - 45) % 4096;
+    let pad = (room + 4096 - 53) % 4096;
     write_synced(&b.join("c/1"), &vec![3; pad as usize]);
     assert_eq!(segment_len(&backing) % 4096, 0, "segment padded");
     // v2 of shard 0 of a, not fsynced: the shard is complete, written, not yet durable.
@@ -562,4 +562,82 @@ fn mounts_starting_together_all_come_up() {
     for m in &mounts {
         assert_ok(&m.unmount(&[]), "unmount");
     }
+}
+
+/// Two mounts fsync one chunk, the later-started one first, and both die: the replay
+/// leaves the chunk as the later fsync wrote it (records of several journals replay in the
+/// order they were written), not as the later-started mount did.
+#[test]
+fn two_dead_mounts_leave_a_chunk_as_the_later_fsync_wrote_it() {
+    let args = ["--chunks-per-shard", "4", "--idle-flush", "600"];
+    let (_d, backing, _) = dirs();
+    let a = Mounted::new(&backing, &args, LIMIT);
+    array(&a, "a", LINE);
+    let b = Mounted::new(&backing, &args, LIMIT);
+    write_synced(&b.path("a/c/0"), &[0x11; 16]);
+    std::thread::sleep(Duration::from_millis(50));
+    write_synced(&a.path("a/c/0"), &[0x22; 16]);
+    for m in [&a, &b] {
+        m.kill_daemon();
+    }
+    for m in [&a, &b] {
+        let _ = m.unmount(&[]);
+    }
+    drop((a, b));
+    let m = Mounted::new(&backing, &args, LIMIT);
+    assert_eq!(fs::read(m.path("a/c/0")).unwrap(), vec![0x22; 16]);
+    assert_ok(&m.unmount(&[]), "unmount");
+    verify(&backing);
+}
+
+/// A file fsynced under a temporary name inside an array (so written to BACKING), then
+/// renamed onto a chunk key: a crash finds it at one of its names.
+#[test]
+fn a_fsynced_temporary_file_renamed_onto_a_chunk_survives_a_crash() {
+    let args = ["--chunks-per-shard", "4"];
+    let (_d, backing, _) = dirs();
+    let m = Mounted::new(&backing, &args, LIMIT);
+    let a = array(&m, "a", LINE);
+    write_synced(&a.join("c/1.tmp"), &[5; 16]);
+    fs::rename(a.join("c/1.tmp"), a.join("c/1")).unwrap();
+    let m = crash_and_remount(m, &args);
+    let at_one = ["a/c/1", "a/c/1.tmp"]
+        .iter()
+        .any(|p| fs::read(m.path(p)).is_ok_and(|b| b == [5; 16]));
+    assert!(at_one, "the fsynced content is at neither name");
+    assert_ok(&m.unmount(&[]), "unmount");
+}
+
+/// `zarr.json` rewritten with another data type (chunks stay where they are), then a
+/// crash: the fsynced chunks are replayed, as a live mount keeps them across the rewrite.
+#[test]
+fn fsynced_chunks_survive_a_rewrite_of_the_data_type_and_a_crash() {
+    let args = ["--chunks-per-shard", "4"];
+    let (_d, backing, _) = dirs();
+    let m = Mounted::new(&backing, &args, LIMIT);
+    let a = array(&m, "a", LINE);
+    write_synced(&a.join("c/0"), &[3; 16]);
+    let doc = LINE.replace("\"uint8\"", "\"int8\"");
+    write_synced(&a.join("zarr.json"), doc.as_bytes());
+    let m = crash_and_remount(m, &args);
+    assert_eq!(fs::read(m.path("a/c/0")).unwrap(), vec![3; 16]);
+    assert_ok(&m.unmount(&[]), "unmount");
+}
+
+/// `rm -r` of an array holding an empty shard file (a crash left it): the file was never
+/// shown, so it must not keep the directory from going.
+#[test]
+fn rm_r_of_an_array_with_an_empty_shard_file_works() {
+    let args = ["--chunks-per-shard", "4"];
+    let (_d, backing, _) = dirs();
+    let m = Mounted::new(&backing, &args, LIMIT);
+    let a = array(&m, "a", LINE);
+    eight_chunks(&m, &a);
+    assert_ok(&m.unmount(&[]), "unmount");
+    fs::write(backing.join("a/c/1"), b"").unwrap();
+    let m = Mounted::new(&backing, &args, LIMIT);
+    let out = sh(&format!("rm -r {}", m.path("a").display()));
+    assert_ok(&out, "rm -r");
+    assert!(!backing.join("a").exists());
+    assert_ok(&m.unmount(&[]), "unmount");
 }

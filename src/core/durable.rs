@@ -14,7 +14,7 @@ use super::error::FsError;
 use super::shards::{PendingChunk, ShardState, WriteMode};
 use crate::journal::record::Was;
 use crate::journal::{Journal, Replayed};
-use crate::zarr::{ArrayMetadata, KeyNode, Node, ShardLayout, unsharded_view};
+use crate::zarr::{KeyNode, Node, ShardLayout};
 
 impl ShardFs {
     /// Begins a journal in BACKING: from now on fsync appends records instead of writing
@@ -207,15 +207,15 @@ impl ShardFs {
     fn take_over(&self, journal: &Journal) -> Result<(usize, Vec<Touched>, usize), FsError> {
         let mut replayed = std::mem::take(&mut *lock(&self.unreplayed));
         replayed.extend(journal.adopt_dead()?);
+        in_time_order(&mut replayed);
         let count = replayed.len();
-        // Positions set by this replay, per journal: a journal's later records of them
-        // follow its earlier ones, whatever the shard holds. (Another journal's record of
-        // one finds it held here.)
-        let mut applied: BTreeSet<(String, PathBuf, Vec<u64>)> = BTreeSet::new();
+        // Positions set by this replay: its later records of them (of the same journal, or
+        // of another one written later) follow the earlier ones, whatever the shard holds.
+        let mut applied: BTreeSet<(PathBuf, Vec<u64>)> = BTreeSet::new();
         let mut touched: BTreeMap<(PathBuf, Vec<u64>), Arc<ArrayState>> = BTreeMap::new();
         let mut failed = Vec::new();
         for r in replayed {
-            let key = (r.record.journal(), r.array.clone(), r.coords.clone());
+            let key = (r.array.clone(), r.coords.clone());
             let after_applied = applied.contains(&key);
             match self.replay_one(&r, after_applied) {
                 Ok(Some(array)) => {
@@ -283,8 +283,9 @@ impl ShardFs {
     }
 
     /// The replay rule: a record becomes its chunk's pending state only into the array it
-    /// was written for (same path, the same array there, chunks placed and encoded the
-    /// same way), and only over what the shard held when it was taken: a chunk that another
+    /// was written for (same path, the same array there, chunks placed the same way: as a
+    /// live mount keeps pending chunks across a rewrite of `zarr.json` that does not move
+    /// them, so does a replay), and only over what the shard held when it was taken: a chunk that another
     /// mount or writer changed since, or that this mount holds a newer state of, stays,
     /// and the record goes once that newer state is durable. `after_applied`: an earlier
     /// record of this chunk in the same journal was applied.
@@ -305,11 +306,6 @@ impl ShardFs {
             .is_some_and(|l| array.layout.same_placement(&l) && array.chunk_inside(&r.coords));
         if !placed {
             return Ok(Verdict::Drop("its array now lays chunks out elsewhere"));
-        }
-        if !same_encoding(&recorded, &array.meta) {
-            return Ok(Verdict::Drop(
-                "its array now encodes chunks otherwise (data type or codecs)",
-            ));
         }
         let now = self.shards.array_instance(&self.backing, &array.rel);
         if r.instance
@@ -353,11 +349,27 @@ enum Verdict {
     Drop(&'static str),
 }
 
+/// Orders records of several journals by when they were written, each journal's own
+/// records staying in their order (its ids): two mounts that fsynced one chunk and both
+/// died leave it as the later fsync wrote it.
+fn in_time_order(records: &mut [Replayed]) {
+    // Within a journal, the running latest time: its order by id is never changed.
+    let mut latest: BTreeMap<String, u64> = BTreeMap::new();
+    let keys: Vec<u64> = records
+        .iter()
+        .map(|r| {
+            let t = latest.entry(r.record.journal()).or_insert(0);
+            *t = (*t).max(r.at);
+            *t
+        })
+        .collect();
+    let mut order: Vec<usize> = (0..records.len()).collect();
+    order.sort_by_key(|&i| keys[i]);
+    let sorted: Vec<Replayed> = order.iter().map(|&i| records[i].clone()).collect();
+    for (slot, r) in records.iter_mut().zip(sorted) {
+        *slot = r;
+    }
+}
+
 /// A shard that a replay gave pending state: its array and coordinates.
 type Touched = (Arc<ArrayState>, Vec<u64>);
-
-/// Whether chunks of `a` and `b` are encoded alike: the same data type and inner codecs.
-fn same_encoding(a: &ArrayMetadata, b: &ArrayMetadata) -> bool {
-    let codecs = |m: &ArrayMetadata| unsharded_view(m).ok().map(|v| v.codecs);
-    a.data_type == b.data_type && codecs(a) == codecs(b)
-}

@@ -504,17 +504,33 @@ impl ShardFs {
     }
 
     /// Removes the empty directories on key paths below `rel` (bottom up) that the mount does
-    /// not show, once the array's `zarr.json` is gone: a key directory shows while it holds
-    /// chunks or was made with mkdir, so a hidden one must not appear now and keep `rm -r`
-    /// from removing the directory.
+    /// not show, and empty shard files, once the array's `zarr.json` is gone: a key directory
+    /// shows while it holds chunks or was made with mkdir, so a hidden one must not appear
+    /// now and keep `rm -r` from removing the directory.
     fn prune_key_dirs(&self, array: &ArrayState, rel: &Path, node: &KeyNode) {
         let Ok(entries) = self.backing.list(rel) else {
             return;
         };
-        for e in entries.iter().filter(|e| e.kind.is_dir()) {
+        for e in &entries {
             let Some(name) = e.name.to_str() else {
                 continue;
             };
+            // An empty shard file (a crash left it) holds no chunk and was never shown.
+            if !e.kind.is_dir() {
+                if array.is_key_name(node, name) {
+                    let path = rel.join(name);
+                    if self
+                        .backing
+                        .stat(&path)
+                        .ok()
+                        .flatten()
+                        .is_some_and(|m| m.len() == 0)
+                    {
+                        let _ = self.backing.remove_file(&path);
+                    }
+                }
+                continue;
+            }
             if let ArrayName::Key(child @ KeyNode::Dir(_)) = array.classify_name(node, name) {
                 let path = rel.join(name);
                 // One the mount shows (made with mkdir) stays, as on any directory.
@@ -758,6 +774,13 @@ impl ShardFs {
                         false
                     }
                 }
+            }
+            // A file of BACKING (a temporary file written out by its fsync, any file renamed
+            // into an array) may be durable where it is: its new name holds it durably before
+            // it goes, or it stays (and the rename fails).
+            NodeKind::File => {
+                kind = self.make_durable_at(&kind, &mv.dst_rel, &content)?;
+                true
             }
             _ => true,
         };

@@ -357,9 +357,21 @@ impl ShardFs {
         self.write_whole(rel, &[Bytes::from(bytes)], true)
     }
 
-    /// fsync of a directory: every pending chunk below it is made durable.
+    /// fsync of a directory: every pending chunk below it is made durable, and so is every
+    /// file held in memory in it that its writer closed or fsynced (its name is what the
+    /// directory's fsync makes durable; a chunk renamed onto such a name brought its
+    /// content along).
     pub fn fsyncdir(&self, ino: Ino) -> Result<(), FsError> {
         let info = self.node(ino)?;
+        for (name, file) in self.temps.files_in(&info.rel) {
+            let rel = info.rel.join(&name);
+            if name != METADATA_FILE
+                && !super::flush::is_lock_name(&rel)
+                && file.durable_on_request()
+            {
+                self.persist_temp_if_there(&rel, &file, true)?;
+            }
+        }
         match &info.kind {
             NodeKind::ArrayDir(array) => self.fsync_below(array, &KeyNode::Root),
             NodeKind::ChunkDir { array, node } => self.fsync_below(array, node),

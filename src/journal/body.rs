@@ -131,7 +131,7 @@ impl Journal {
                 let data = e.data.ok_or_else(|| {
                     io::Error::new(io::ErrorKind::InvalidInput, "a removal for a body")
                 })?;
-                let bufs = record::encode_chunk(0, id, e.coords, e.was, data);
+                let bufs = record::encode_chunk(0, id, e.coords, e.stamp(), data);
                 let head = bufs[0].len() as u64;
                 let nbytes: u64 = data.iter().map(|d| d.len() as u64).sum();
                 chunks.push(BodyChunk {

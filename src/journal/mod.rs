@@ -83,8 +83,18 @@ pub struct Entry<'a> {
     pub id: u64,
 }
 
+impl Entry<'_> {
+    /// What its record says besides its bytes: the prior state, and the time now.
+    pub fn stamp(&self) -> record::Stamp {
+        let at = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        record::Stamp { was: self.was, at }
+    }
+}
+
 /// A chunk read back from a dead mount's journal.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Replayed {
     pub array: PathBuf,
     /// Which array was at that path when the record was written (`None`: not recorded).
@@ -93,6 +103,8 @@ pub struct Replayed {
     pub coords: Vec<u64>,
     /// What the shard held at the chunk's position then.
     pub was: record::Was,
+    /// When it was written (wall clock, ns since the epoch; 0: not known).
+    pub at: u64,
     /// The chunk's bytes; `None`: a removal.
     pub data: Option<Bytes>,
     pub record: RecordRef,
@@ -265,12 +277,13 @@ impl Journal {
                     id
                 }
             };
+            let stamp = e.stamp();
             match e.data {
                 Some(data) => {
-                    buffers.extend(record::encode_chunk(layout, e.id, e.coords, e.was, data))
+                    buffers.extend(record::encode_chunk(layout, e.id, e.coords, stamp, data))
                 }
                 None => buffers.push(Bytes::from(record::encode_gone(
-                    layout, e.id, e.coords, e.was,
+                    layout, e.id, e.coords, stamp,
                 ))),
             }
         }
@@ -675,7 +688,7 @@ fn replayed_from(
     let mut layouts: BTreeMap<u32, Named> = BTreeMap::new();
     let (mut live, mut retired_some) = (0, false);
     for r in records {
-        let (layout, id, coords, was, data) = match r {
+        let (layout, id, coords, (was, at), data) = match r {
             record::Record::Layout {
                 id,
                 array,
@@ -690,14 +703,16 @@ fn replayed_from(
                 id,
                 coords,
                 was,
+                at,
                 data,
-            } => (layout, id, coords, was, Some(data)),
+            } => (layout, id, coords, (was, at), Some(data)),
             record::Record::Gone {
                 layout,
                 id,
                 coords,
                 was,
-            } => (layout, id, coords, was, None),
+                at,
+            } => (layout, id, coords, (was, at), None),
             record::Record::Retire { .. } => continue,
         };
         let Some((array, instance, meta)) = layouts.get(&layout) else {
@@ -715,6 +730,7 @@ fn replayed_from(
             meta: meta.clone(),
             coords,
             was,
+            at,
             data,
             record: RecordRef {
                 segment: path.to_path_buf(),

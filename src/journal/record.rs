@@ -11,14 +11,15 @@
 //!   path: `ArrayState::instance`) and the layout its chunks were written under, once per
 //!   segment file. Kind 1 is the same without the instance (journals of earlier versions).
 //! - kind 6, a chunk: `layout id (u32) | ndim (u32) | record id (u64) | coords (u64 each) |
-//!   was | the chunk's bytes`, where `was` is what the shard held at that position when
-//!   the content was taken: a tag byte (0 absent, 1 a crc32c of the stored chunk follows as
-//!   u32, 2 unknown) and the crc. Record ids grow through a journal. Kind 2 is the same
-//!   without `was` (unknown).
+//!   was | at (u64) | the chunk's bytes`, where `was` is what the shard held at that
+//!   position when the content was taken (a tag byte: 0 absent, 1 a crc32c of the stored
+//!   chunk follows as u32, 2 unknown; and the crc) and `at` the wall-clock time it was
+//!   written, in nanoseconds (records of one chunk in several journals replay in that
+//!   order). Record ids grow through a journal. Kind 2 is the same without `was` and `at`.
 //! - kind 3, a retirement: `count (u32) | record ids (u64 each)`: those chunks are durable
 //!   in their shards (possibly overwritten since), and replay must not bring them back.
-//! - kind 4, a removal: `layout id (u32) | ndim (u32) | record id (u64) | coords | was`: the
-//!   chunk was deleted (or renamed away) after the records before it; replay deletes it.
+//! - kind 4, a removal: `layout id (u32) | ndim (u32) | record id (u64) | coords | was | at`:
+//!   the chunk was deleted (or renamed away) after the records before it; replay deletes it.
 //!
 //! A record whose header or checksum does not hold ends the segment: it is the torn tail of
 //! a write whose fsync never returned.
@@ -77,8 +78,9 @@ impl Was {
     }
 }
 
-/// The bytes `Was` takes in a record.
+/// The bytes `Was` and the time take in a record.
 const WAS_LEN: usize = 5;
+const AT_LEN: usize = 8;
 
 /// A decoded record.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -95,6 +97,8 @@ pub enum Record {
         id: u64,
         coords: Vec<u64>,
         was: Was,
+        /// When it was written (ns since the epoch; 0: not known).
+        at: u64,
         data: Bytes,
     },
     Retire {
@@ -106,6 +110,7 @@ pub enum Record {
         id: u64,
         coords: Vec<u64>,
         was: Was,
+        at: u64,
     },
 }
 
@@ -121,28 +126,43 @@ pub fn encode_layout(id: u32, array: &str, instance: &str, meta: &[u8]) -> Vec<u
     framed(LAYOUT, payload)
 }
 
-/// The fixed part of a chunk or removal record: layout, ndim, id, coordinates, `was`.
-fn chunk_head(layout: u32, id: u64, coords: &[u64], was: Was) -> Vec<u8> {
-    let mut fixed = Vec::with_capacity(16 + 8 * coords.len() + WAS_LEN);
+/// What a chunk or removal record says besides its layout, id, coordinates and bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stamp {
+    pub was: Was,
+    /// Wall-clock nanoseconds since the epoch.
+    pub at: u64,
+}
+
+/// The fixed part of a chunk or removal record: layout, ndim, id, coordinates, `was`, `at`.
+fn chunk_head(layout: u32, id: u64, coords: &[u64], stamp: Stamp) -> Vec<u8> {
+    let mut fixed = Vec::with_capacity(16 + 8 * coords.len() + WAS_LEN + AT_LEN);
     fixed.extend_from_slice(&layout.to_le_bytes());
     fixed.extend_from_slice(&(coords.len() as u32).to_le_bytes());
     fixed.extend_from_slice(&id.to_le_bytes());
     for c in coords {
         fixed.extend_from_slice(&c.to_le_bytes());
     }
-    was.encode(&mut fixed);
+    stamp.was.encode(&mut fixed);
+    fixed.extend_from_slice(&stamp.at.to_le_bytes());
     fixed
 }
 
 /// A removal record: the chunk at `coords` is gone as of record `id`.
-pub fn encode_gone(layout: u32, id: u64, coords: &[u64], was: Was) -> Vec<u8> {
-    framed(GONE, chunk_head(layout, id, coords, was))
+pub fn encode_gone(layout: u32, id: u64, coords: &[u64], stamp: Stamp) -> Vec<u8> {
+    framed(GONE, chunk_head(layout, id, coords, stamp))
 }
 
 /// A chunk record as buffers: header and fixed part in the first, then `data` as it is
 /// (the segments the kernel delivered, not joined).
-pub fn encode_chunk(layout: u32, id: u64, coords: &[u64], was: Was, data: &[Bytes]) -> Vec<Bytes> {
-    let fixed = chunk_head(layout, id, coords, was);
+pub fn encode_chunk(
+    layout: u32,
+    id: u64,
+    coords: &[u64],
+    stamp: Stamp,
+    data: &[Bytes],
+) -> Vec<Bytes> {
+    let fixed = chunk_head(layout, id, coords, stamp);
     let mut crc = crc32c::crc32c(&fixed);
     let mut len = fixed.len() as u64;
     for d in data {
@@ -247,9 +267,14 @@ fn decode_one(bytes: &Bytes, at: usize) -> Option<(Record, usize)> {
             let id = u64::from_le_bytes(payload.get(8..16)?.try_into().ok()?);
             let end = 16usize.checked_add(ndim.checked_mul(8)?)?;
             let coords = u64s(payload.get(16..end)?);
-            let (was, end) = match h[4] {
-                CHUNK_V1 => (Was::Unknown, end),
-                _ => (Was::decode(payload.get(end..)?)?, end + WAS_LEN),
+            let (was, at, end) = match h[4] {
+                CHUNK_V1 => (Was::Unknown, 0, end),
+                _ => {
+                    let was = Was::decode(payload.get(end..)?)?;
+                    let t = end + WAS_LEN;
+                    let at = u64::from_le_bytes(payload.get(t..t + AT_LEN)?.try_into().ok()?);
+                    (was, at, t + AT_LEN)
+                }
             };
             if h[4] == GONE {
                 Record::Gone {
@@ -257,6 +282,7 @@ fn decode_one(bytes: &Bytes, at: usize) -> Option<(Record, usize)> {
                     id,
                     coords,
                     was,
+                    at,
                 }
             } else {
                 Record::Chunk {
@@ -264,6 +290,7 @@ fn decode_one(bytes: &Bytes, at: usize) -> Option<(Record, usize)> {
                     id,
                     coords,
                     was,
+                    at,
                     data: bytes.slice(start + end..start + len),
                 }
             }
@@ -282,6 +309,10 @@ fn decode_one(bytes: &Bytes, at: usize) -> Option<(Record, usize)> {
 mod tests {
     use super::*;
 
+    fn stamp(was: Was) -> Stamp {
+        Stamp { was, at: 77 }
+    }
+
     fn join(parts: Vec<Bytes>) -> Vec<u8> {
         parts.iter().flat_map(|b| b.iter().copied()).collect()
     }
@@ -290,17 +321,17 @@ mod tests {
     fn records_round_trip_and_a_torn_tail_ends_the_segment() {
         let mut seg = encode_layout(7, "a/b", "12-34", br#"{"x":1}"#);
         let data = [Bytes::from_static(b"hello "), Bytes::from_static(b"world")];
-        seg.extend(join(encode_chunk(7, 1, &[1, 2], Was::Crc(9), &data)));
-        seg.extend(join(encode_chunk(7, 2, &[], Was::Absent, &[])));
+        seg.extend(join(encode_chunk(7, 1, &[1, 2], stamp(Was::Crc(9)), &data)));
+        seg.extend(join(encode_chunk(7, 2, &[], stamp(Was::Absent), &[])));
         seg.extend(encode_retire(&[1, 2]));
-        seg.extend(encode_gone(7, 4, &[1, 2], Was::Unknown));
+        seg.extend(encode_gone(7, 4, &[1, 2], stamp(Was::Unknown)));
         let whole = seg.len();
         // A torn record after the good ones: its checksum cannot hold.
         let mut torn = join(encode_chunk(
             7,
             3,
             &[3, 4],
-            Was::Absent,
+            stamp(Was::Absent),
             &[Bytes::from_static(b"lost")],
         ));
         torn.truncate(torn.len() - 2);
@@ -321,6 +352,7 @@ mod tests {
                     id: 1,
                     coords: vec![1, 2],
                     was: Was::Crc(9),
+                    at: 77,
                     data: Bytes::from_static(b"hello world")
                 },
                 Record::Chunk {
@@ -328,6 +360,7 @@ mod tests {
                     id: 2,
                     coords: vec![],
                     was: Was::Absent,
+                    at: 77,
                     data: Bytes::new()
                 },
                 Record::Retire { ids: vec![1, 2] },
@@ -335,7 +368,8 @@ mod tests {
                     layout: 7,
                     id: 4,
                     coords: vec![1, 2],
-                    was: Was::Unknown
+                    was: Was::Unknown,
+                    at: 77
                 },
             ]
         );
@@ -347,7 +381,7 @@ mod tests {
             1,
             9,
             &[5],
-            Was::Absent,
+            stamp(Was::Absent),
             &[Bytes::from_static(b"abcdef")],
         ));
         for i in 0..rec.len() {
