@@ -262,6 +262,20 @@ impl World {
 
     fn run_op(&mut self, op: &Op) -> Result<(), String> {
         self.log.push(format!("{op:?}"));
+        match op {
+            Op::Recreate(_)
+            | Op::RewriteMeta(..)
+            | Op::Flush
+            | Op::Remount
+            | Op::Witness
+            | Op::Crash(_)
+            | Op::Full(_) => self.run_tree_op(op),
+            _ => self.run_chunk_op(op),
+        }
+    }
+
+    /// The operations on chunks: writes, fsyncs, renames, unlinks.
+    fn run_chunk_op(&mut self, op: &Op) -> Result<(), String> {
         let io = |r: std::io::Result<()>, what: &str| r.map_err(|e| format!("{what}: {e}"));
         match op.clone() {
             Op::Write(key) => {
@@ -327,6 +341,16 @@ impl World {
                 io(fs::remove_file(self.chunk_path(key)), "unlink")?;
                 self.model.get_mut(&key).unwrap().set(None);
             }
+            _ => unreachable!("not an operation on chunks: {op:?}"),
+        }
+        Ok(())
+    }
+
+    /// The operations on arrays and mounts: recreate, rewrite metadata, flush, remount,
+    /// crashes, a full disk.
+    fn run_tree_op(&mut self, op: &Op) -> Result<(), String> {
+        let io = |r: std::io::Result<()>, what: &str| r.map_err(|e| format!("{what}: {e}"));
+        match op.clone() {
             Op::Recreate(a) => {
                 io(fs::remove_dir_all(self.array_path(a)), "rm -r")?;
                 // Gone from BACKING once rm -r returns: nothing of it may come back.
@@ -362,6 +386,7 @@ impl World {
                     self.full = on;
                 }
             }
+            _ => unreachable!("an operation on chunks: {op:?}"),
         }
         Ok(())
     }
