@@ -205,12 +205,7 @@ fn check(backing: &Path, args: &[&str], acked: &[u64]) -> Result<(), String> {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let value = |flag: &str| {
-        args.iter()
-            .position(|a| a == flag)
-            .and_then(|i| args.get(i + 1))
-            .and_then(|v| v.parse::<u64>().ok())
-    };
+    let value = |flag: &str| common::harness_value(&args, flag);
     // `cargo test` passes its own flags (--quiet, test filters): only ours are read.
     if args.iter().any(|a| a == "--list") {
         println!("crash_trials: test");

@@ -742,12 +742,7 @@ fn run_many(count: u64, seed: u64, n_ops: usize, power_cut: bool) -> (u64, u64, 
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let value = |flag: &str| {
-        args.iter()
-            .position(|a| a == flag)
-            .and_then(|i| args.get(i + 1))
-            .and_then(|v| v.parse::<u64>().ok())
-    };
+    let value = |flag: &str| common::harness_value(&args, flag);
     if args.iter().any(|a| a == "--list") {
         println!("model_sequences: test");
         return;

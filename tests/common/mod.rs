@@ -10,6 +10,15 @@ use std::process::{Command, Output};
 
 /// The venv's Python with the pinned clients. `scripts/test.sh` sets SHARDFS_PYTHON; a test
 /// that needs the clients fails, never skips, without it.
+/// The value of `--flag N` among a harness's arguments (`cargo test` passes its own flags
+/// too: only ours are read).
+pub fn harness_value(args: &[String], flag: &str) -> Option<u64> {
+    args.iter()
+        .position(|a| a == flag)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse::<u64>().ok())
+}
+
 /// A 1-D uint8 array of 8 chunks of 16 bytes, stored without compression.
 pub const LINE_ARRAY: &str = r#"{"zarr_format":3,"node_type":"array","shape":[128],"data_type":"uint8",
 "chunk_grid":{"name":"regular","configuration":{"chunk_shape":[16]}},
