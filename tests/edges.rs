@@ -641,3 +641,53 @@ fn rm_r_of_an_array_with_an_empty_shard_file_works() {
     assert!(!backing.join("a").exists());
     assert_ok(&m.unmount(&[]), "unmount");
 }
+
+/// Waits until only one journal is left in BACKING (a live mount took the others over).
+fn await_one_journal(backing: &Path) {
+    let start = std::time::Instant::now();
+    loop {
+        let ids: std::collections::BTreeSet<String> =
+            fs::read_dir(backing.join(".shardfs/journal"))
+                .unwrap()
+                .filter_map(|e| e.ok())
+                .filter_map(|e| {
+                    let n = e.file_name().to_string_lossy().into_owned();
+                    n.split('.').next().map(str::to_string)
+                })
+                .collect();
+        if ids.len() <= 1 {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "not taken over: {ids:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A live mount holds an older fsynced content of a chunk that a mount which then died
+/// fsynced later: taking the dead mount's journal over, the live mount keeps the later one.
+#[test]
+fn a_live_mount_taking_over_keeps_a_later_fsync_of_the_dead_one() {
+    let args = ["--chunks-per-shard", "4", "--idle-flush", "600"];
+    let (_d, backing, _) = dirs();
+    let a = Mounted::new(&backing, &args, LIMIT);
+    array(&a, "a", LINE);
+    let b = Mounted::new(&backing, &args, LIMIT);
+    write_synced(&b.path("a/c/0"), &[0x11; 16]);
+    std::thread::sleep(Duration::from_millis(50));
+    write_synced(&a.path("a/c/0"), &[0x22; 16]);
+    a.kill_daemon();
+    let _ = a.unmount(&[]);
+    await_one_journal(&backing);
+    assert_eq!(
+        fs::read(b.path("a/c/0")).unwrap(),
+        vec![0x22; 16],
+        "through the live mount"
+    );
+    assert_ok(&b.unmount(&[]), "unmount");
+    let m = Mounted::new(&backing, &args, LIMIT);
+    assert_eq!(fs::read(m.path("a/c/0")).unwrap(), vec![0x22; 16]);
+    assert_ok(&m.unmount(&[]), "unmount");
+}

@@ -11,7 +11,7 @@ use tracing::{info, warn};
 use super::ShardFs;
 use super::array::{ArrayState, lock};
 use super::error::FsError;
-use super::shards::{PendingChunk, ShardState, WriteMode};
+use super::shards::{HeldHere, PendingChunk, ShardState, WriteMode};
 use crate::journal::record::Was;
 use crate::journal::{Journal, Replayed};
 use crate::zarr::{KeyNode, Node, ShardLayout};
@@ -317,11 +317,17 @@ impl ShardFs {
         if after_applied {
             return Ok(Verdict::Apply(array));
         }
-        let (stored, held_here) = self
+        let (stored, here) = self
             .shards
             .position_state(&self.backing, &array, &r.coords)?;
-        if held_here {
-            return Ok(Verdict::HeldHere(array));
+        match here {
+            HeldHere::Nothing => {}
+            // A pending content older than the record (another mount's later fsync): the
+            // record's content replaces it, as the later write.
+            HeldHere::Content(changed) if unix_ns(changed) < r.at => {
+                return Ok(Verdict::Apply(array));
+            }
+            _ => return Ok(Verdict::HeldHere(array)),
         }
         Ok(match r.was {
             Was::Unknown => Verdict::Apply(array),
@@ -373,3 +379,9 @@ fn in_time_order(records: &mut [Replayed]) {
 
 /// A shard that a replay gave pending state: its array and coordinates.
 type Touched = (Arc<ArrayState>, Vec<u64>);
+
+/// Nanoseconds since the epoch (0 before it).
+fn unix_ns(t: std::time::SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}

@@ -34,6 +34,7 @@ use crate::shard::IndexError;
 pub(crate) use body::PendingChunk;
 pub(crate) use ledger::Held;
 use ledger::Ledger;
+pub(crate) use records::HeldHere;
 pub use stored::StoredChunk;
 use stored::{OpenShard, StoredIndex, open_shard};
 pub use write::{WriteMode, panic_text};

@@ -183,11 +183,15 @@ impl ShardRegistry {
         backing: &Backing,
         array: &Arc<ArrayState>,
         coords: &[u64],
-    ) -> Result<(Was, bool), FsError> {
+    ) -> Result<(Was, HeldHere), FsError> {
         let loc = array.layout.locate(coords);
         let slot = self.slot(backing, array, &loc.shard)?;
         let mut st = lock(&slot.state);
-        let here = st.pending.contains_key(&loc.pos) || st.deleted.contains(&loc.pos);
+        let here = match st.pending.get(&loc.pos) {
+            Some(m) => HeldHere::Content(m.with(|s| s.mtime)),
+            None if st.deleted.contains(&loc.pos) => HeldHere::Removal,
+            None => HeldHere::Nothing,
+        };
         Ok((self.stored_was(&slot, loc.pos, &mut st), here))
     }
 
@@ -222,6 +226,16 @@ impl ShardRegistry {
             }
         }
     }
+}
+
+/// What this mount holds of a chunk a replay meets.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum HeldHere {
+    Nothing,
+    /// Pending content, last changed then.
+    Content(std::time::SystemTime),
+    /// A deletion not yet written.
+    Removal,
 }
 
 /// Books a durable record of position `pos` (stamped `stamp`) in the slot's ledger. While the
