@@ -691,3 +691,24 @@ fn a_live_mount_taking_over_keeps_a_later_fsync_of_the_dead_one() {
     assert_eq!(fs::read(m.path("a/c/0")).unwrap(), vec![0x22; 16]);
     assert_ok(&m.unmount(&[]), "unmount");
 }
+
+/// A mount killed before its journal got its name leaves a fresh lock file behind; the next
+/// mount removes it (it never held a record), so no journal stays forever half made.
+#[test]
+fn a_journal_that_never_began_is_removed() {
+    let (_d, backing, _) = dirs();
+    let journal = backing.join(".shardfs/journal");
+    fs::create_dir_all(&journal).unwrap();
+    let unborn = journal.join("gone-1-1.lock.new");
+    fs::write(&unborn, b"").unwrap();
+    let old = std::time::SystemTime::now() - Duration::from_secs(60);
+    fs::File::options()
+        .write(true)
+        .open(&unborn)
+        .unwrap()
+        .set_times(fs::FileTimes::new().set_modified(old))
+        .unwrap();
+    let m = Mounted::new(&backing, &["--chunks-per-shard", "4"], LIMIT);
+    assert!(!unborn.exists(), "the unborn journal's lock file stayed");
+    assert_ok(&m.unmount(&[]), "unmount");
+}

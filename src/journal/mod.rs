@@ -36,6 +36,8 @@ pub const JOURNAL_DIR: &str = ".shardfs/journal";
 /// An array and its layout, as a layout record names them: (path, instance, meta).
 type LayoutKey = (PathBuf, String, Vec<u8>);
 
+/// A fresh lock file older than this, and not locked, is a dead mount's that never began.
+const UNBORN_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
 /// How often a live mount looks for journals of mounts that died.
 const ADOPTION_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 /// A segment is closed and a new one begun past this size.
@@ -565,6 +567,7 @@ impl Journal {
     /// mount replays them again, which writes the same shards.
     pub fn adopt_dead(&self) -> io::Result<Vec<Replayed>> {
         let dir = Path::new(JOURNAL_DIR);
+        self.remove_unborn()?;
         let mut ids: Vec<String> = self
             .file_names()?
             .into_iter()
@@ -610,6 +613,35 @@ impl Journal {
         }
         *last = Some(now);
         true
+    }
+
+    /// Removes the fresh lock files (`<id>.lock.new`) of mounts that died before their
+    /// journal got its name: such a journal never held a record (its segments come after).
+    fn remove_unborn(&self) -> io::Result<()> {
+        let dir = Path::new(JOURNAL_DIR);
+        for name in self.file_names()? {
+            if !name.ends_with(".lock.new") {
+                continue;
+            }
+            let rel = dir.join(&name);
+            let file = match self.backing.open_file(&rel, rw()) {
+                Ok(f) => f,
+                Err(e) if is_absent(&e) => continue,
+                Err(e) => return Err(e),
+            };
+            // A mount starting up right now holds it locked, or is about to: only one left
+            // for a while (a mount names its journal within milliseconds) and unlocked goes.
+            let age = file
+                .metadata()?
+                .modified()
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .unwrap_or_default();
+            if age > UNBORN_AFTER && crate::backing::lock::try_lock(&file)? {
+                let _ = self.backing.remove_file(&rel);
+            }
+        }
+        Ok(())
     }
 
     /// The names in the journal directory (journals' files are all UTF-8 named).
