@@ -12,12 +12,12 @@ mod common;
 use std::fs;
 use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::Rng;
-use common::mount::{Mounted, is_mounted};
+use common::mount::{Mounted, kill_during_replay};
 
 const LIMIT: Duration = Duration::from_secs(300);
 /// 8x8 chunks of 8x8 uint8 (64 bytes), 2x2 chunks per shard.
@@ -141,25 +141,6 @@ fn trial(seed: u64) -> Result<String, String> {
     }
     check(&backing, &args, &acked.lock().unwrap())?;
     Ok(what)
-}
-
-/// Starts a mount in the foreground and kills it after `delay_ms` (during its replay, or
-/// just after), then clears whatever it left.
-fn kill_during_replay(backing: &Path, mountpoint: &Path, delay_ms: u64) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_shardfs"))
-        .args(["mount", "--foreground"])
-        .arg(backing)
-        .arg(mountpoint)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(delay_ms));
-    let _ = child.kill();
-    let _ = child.wait();
-    if is_mounted(mountpoint) {
-        let _ = Command::new("umount").arg("-l").arg(mountpoint).status();
-    }
 }
 
 /// The final mount: every acknowledged chunk reads back, and BACKING verifies.

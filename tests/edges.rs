@@ -646,15 +646,7 @@ fn rm_r_of_an_array_with_an_empty_shard_file_works() {
 fn await_one_journal(backing: &Path) {
     let start = std::time::Instant::now();
     loop {
-        let ids: std::collections::BTreeSet<String> =
-            fs::read_dir(backing.join(".shardfs/journal"))
-                .unwrap()
-                .filter_map(|e| e.ok())
-                .filter_map(|e| {
-                    let n = e.file_name().to_string_lossy().into_owned();
-                    n.split('.').next().map(str::to_string)
-                })
-                .collect();
+        let ids = common::mount::journal_ids(backing);
         if ids.len() <= 1 {
             return;
         }

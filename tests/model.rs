@@ -26,12 +26,12 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::Rng;
 use common::cutfs::CutFs;
-use common::mount::{Mounted, is_mounted, run_limited};
+use common::mount::{Mounted, journal_ids, kill_during_replay, run_limited};
 
 const LIMIT: Duration = Duration::from_secs(600);
 const ARRAYS: [&str; 2] = ["x", "y"];
@@ -497,15 +497,7 @@ impl World {
     fn await_takeover(&self) -> Result<(), String> {
         let start = Instant::now();
         loop {
-            let ids: std::collections::BTreeSet<String> =
-                fs::read_dir(self.disk.join(".shardfs/journal"))
-                    .map_err(|e| e.to_string())?
-                    .filter_map(|e| e.ok())
-                    .filter_map(|e| {
-                        let n = e.file_name().to_string_lossy().into_owned();
-                        n.split('.').next().map(str::to_string)
-                    })
-                    .collect();
+            let ids = journal_ids(&self.disk);
             if ids.len() <= 1 {
                 return Ok(());
             }
@@ -612,25 +604,6 @@ impl World {
 fn label(c: &[u8]) -> String {
     let n = u64::from_le_bytes(c.get(..8).and_then(|b| b.try_into().ok()).unwrap_or([0; 8]));
     format!("#{n}({}B)", c.len())
-}
-
-/// Starts a mount in the foreground and kills it after `delay_ms` (during its replay, or
-/// just after), then clears whatever it left.
-fn kill_during_replay(backing: &Path, mountpoint: &Path, delay_ms: u64) {
-    let mut child = Command::new(common::shardfs_bin())
-        .args(["mount", "--foreground"])
-        .arg(backing)
-        .arg(mountpoint)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(delay_ms));
-    let _ = child.kill();
-    let _ = child.wait();
-    if is_mounted(mountpoint) {
-        let _ = Command::new("umount").arg("-l").arg(mountpoint).status();
-    }
 }
 
 /// A random sequence of `n` operations, ending in a crash when `crash_at_end`. Operations

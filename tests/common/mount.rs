@@ -310,3 +310,36 @@ impl Drop for Tmpfs {
             .output();
     }
 }
+
+/// Starts a mount in the foreground and kills it after `delay_ms` (during its replay, or
+/// just after), then clears whatever it left.
+pub fn kill_during_replay(backing: &Path, mountpoint: &Path, delay_ms: u64) {
+    let mut child = Command::new(super::shardfs_bin())
+        .args(["mount", "--foreground"])
+        .arg(backing)
+        .arg(mountpoint)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(delay_ms));
+    let _ = child.kill();
+    let _ = child.wait();
+    if is_mounted(mountpoint) {
+        let _ = Command::new("umount").arg("-l").arg(mountpoint).status();
+    }
+}
+
+/// The journals whose files are in BACKING's journal directory, by id.
+pub fn journal_ids(backing: &Path) -> std::collections::BTreeSet<String> {
+    std::fs::read_dir(backing.join(".shardfs/journal"))
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter_map(|e| {
+                    let n = e.file_name().to_string_lossy().into_owned();
+                    n.split('.').next().map(str::to_string)
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
