@@ -77,6 +77,11 @@ enum Op {
     /// under the power-cut layer. While full, an operation may fail: it then makes nothing
     /// durable, and what it wrote may or may not be the chunk's content.
     Full(bool),
+    /// The disk fails syncs (EIO, nothing reaches it) from now until `false`; only under the
+    /// power-cut layer. A failed sync is never retried into a success, so from the first
+    /// one every fsync fails until the next crash's replay: operations may fail meanwhile,
+    /// making nothing durable, and no clean unmount can happen.
+    SyncFails(bool),
 }
 
 /// What the model knows of one chunk.
@@ -123,6 +128,8 @@ struct World {
     model: BTreeMap<Key, Chunk>,
     counter: u64,
     full: bool,
+    /// Syncs failed since the last crash: fsyncs fail until a new mount replays.
+    degraded: bool,
     log: Vec<String>,
 }
 
@@ -161,6 +168,7 @@ impl World {
             model: BTreeMap::new(),
             counter: 0,
             full: false,
+            degraded: false,
             log: Vec::new(),
         };
         w.mount = Some(w.mount_now().expect("the first mount"));
@@ -217,13 +225,13 @@ impl World {
     /// does not allow). On a full disk an operation may fail: what it would have made
     /// durable is not, and what it wrote may or may not be the content.
     fn run(&mut self, op: &Op) -> Result<(), String> {
-        if !self.full {
+        if !self.full && !self.degraded {
             return self.run_op(op);
         }
         // The model takes a write before it is made and a durability point only after it
         // returned: a write that failed on the full disk is in memory all the same (the
         // mount holds it; its close or shard write failed), and nothing became durable.
-        let may_fail = !matches!(op, Op::Crash(_) | Op::Full(_));
+        let may_fail = !matches!(op, Op::Crash(_) | Op::Full(_) | Op::SyncFails(_));
         match self.run_op(op) {
             Err(e)
                 if may_fail
@@ -269,7 +277,8 @@ impl World {
             | Op::Remount
             | Op::Witness
             | Op::Crash(_)
-            | Op::Full(_) => self.run_tree_op(op),
+            | Op::Full(_)
+            | Op::SyncFails(_) => self.run_tree_op(op),
             _ => self.run_chunk_op(op),
         }
     }
@@ -386,6 +395,12 @@ impl World {
                     self.full = on;
                 }
             }
+            Op::SyncFails(on) => {
+                if let Some(layer) = &self.layer {
+                    layer.fail_syncs(on);
+                    self.degraded |= on;
+                }
+            }
             _ => unreachable!("an operation on chunks: {op:?}"),
         }
         Ok(())
@@ -479,6 +494,8 @@ impl World {
             self.layer = Some(CutFs::mount(&self.disk, &self.backing));
             self.full = false;
         }
+        // A new mount's replay: syncs are trusted again.
+        self.degraded = false;
         if let Some(w) = self.witness.take() {
             drop(dead);
             self.mount = Some(w);
@@ -547,6 +564,12 @@ impl World {
     fn finish(&mut self) -> Result<(), String> {
         if let Some(layer) = &self.layer {
             layer.fill(false);
+            layer.fail_syncs(false);
+        }
+        // A mount whose syncs failed cannot unmount cleanly: it dies, and the next mount
+        // replays what it acknowledged.
+        if self.degraded {
+            self.crash(false)?;
         }
         if let Some(w) = self.witness.take() {
             let out = w.unmount(&[]);
@@ -626,6 +649,7 @@ fn sequence(rng: &mut Rng, n: usize, crash_at_end: bool) -> Vec<Op> {
             89..91 => Op::Remount,
             91..94 => Op::Witness,
             94..96 => Op::Full(rng.below(2) == 0),
+            96..97 => Op::SyncFails(rng.below(2) == 0),
             _ => Op::Crash(rng.below(2) == 0),
         })
         .collect();
@@ -641,7 +665,7 @@ fn applicable(w: &World, op: &Op) -> bool {
         Op::Patch(k, _) | Op::Refill(k) | Op::FsyncFile(k) | Op::Unlink(k) => w.exists(*k),
         Op::Rename(from, to) | Op::RenameOpen(from, to, _) => from != to && w.exists(*from),
         // Not on a full disk: their partial failures are more than the model tracks.
-        Op::Recreate(_) | Op::RewriteMeta(..) | Op::Remount | Op::Witness => !w.full,
+        Op::Recreate(_) | Op::RewriteMeta(..) | Op::Remount | Op::Witness => !w.full && !w.degraded,
         _ => true,
     }
 }

@@ -86,7 +86,10 @@ impl ShardRegistry {
                 held
             }
             None => {
-                self.delete(backing, array, coords)?;
+                // The replayed record is the removal's record: a new one in this mount's
+                // journal would carry a later time and, replayed beside the dead journal
+                // after another crash, undo that journal's later content of the chunk.
+                self.move_away(backing, array, coords, false)?;
                 Held::Removal
             }
         };
