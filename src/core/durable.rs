@@ -358,23 +358,20 @@ enum Verdict {
 /// Orders records of several journals by when they were written, each journal's own
 /// records staying in their order (its ids): two mounts that fsynced one chunk and both
 /// died leave it as the later fsync wrote it.
-fn in_time_order(records: &mut [Replayed]) {
+fn in_time_order(records: &mut Vec<Replayed>) {
     // Within a journal, the running latest time: its order by id is never changed.
     let mut latest: BTreeMap<String, u64> = BTreeMap::new();
-    let keys: Vec<u64> = records
-        .iter()
+    let mut keyed: Vec<(u64, Replayed)> = std::mem::take(records)
+        .into_iter()
         .map(|r| {
             let t = latest.entry(r.record.journal()).or_insert(0);
             *t = (*t).max(r.at);
-            *t
+            (*t, r)
         })
         .collect();
-    let mut order: Vec<usize> = (0..records.len()).collect();
-    order.sort_by_key(|&i| keys[i]);
-    let sorted: Vec<Replayed> = order.iter().map(|&i| records[i].clone()).collect();
-    for (slot, r) in records.iter_mut().zip(sorted) {
-        *slot = r;
-    }
+    // Stable: records of equal time keep their order.
+    keyed.sort_by_key(|(t, _)| *t);
+    *records = keyed.into_iter().map(|(_, r)| r).collect();
 }
 
 /// A shard that a replay gave pending state: its array and coordinates.

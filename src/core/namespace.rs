@@ -751,39 +751,7 @@ impl ShardFs {
         // its old name's removal is journaled: a crash finds it at one of them. If that
         // fails (a full disk), or the file is still being written, the old name's records
         // stay live, and the rename is not durable yet.
-        let durable_elsewhere = match &mv.src {
-            // Still being written (open, never fsynced): its half-written content is no
-            // state to make durable, so the old name keeps its records for now.
-            NodeKind::Chunk { array, coords }
-                if !content.durable_on_request()
-                    && self.shards.journal_holds(&self.backing, array, coords)? =>
-            {
-                false
-            }
-            NodeKind::Chunk { array, coords }
-                if self.shards.journal_holds(&self.backing, array, coords)? =>
-            {
-                match self.make_durable_at(&kind, &mv.dst_rel, &content) {
-                    Ok(now) => {
-                        kind = now;
-                        true
-                    }
-                    Err(e) => {
-                        warn!(file = %mv.dst_rel.display(),
-                            "renamed chunk not yet durable at its new name: {e}");
-                        false
-                    }
-                }
-            }
-            // A file of BACKING (a temporary file written out by its fsync, any file renamed
-            // into an array) may be durable where it is: its new name holds it durably before
-            // it goes, or it stays (and the rename fails).
-            NodeKind::File => {
-                kind = self.make_durable_at(&kind, &mv.dst_rel, &content)?;
-                true
-            }
-            _ => true,
-        };
+        let durable_elsewhere = self.durable_at_new_name(mv, &mut kind, &content)?;
         self.remove_content(&mv.src, &mv.src_rel, durable_elsewhere)?;
         match (&mv.src, src_ino) {
             (NodeKind::File, Some(ino)) => self.handles.backing_moved(ino),
@@ -791,6 +759,48 @@ impl ShardFs {
             _ => {}
         }
         Ok(kind)
+    }
+
+    /// Before a rename takes content away from its old name: makes it durable at the new
+    /// one (`kind`, updated to what the name is then) when the old name held it durably.
+    /// Returns whether the old name's removal may be recorded: `false` leaves its records
+    /// live (the rename is not durable yet).
+    fn durable_at_new_name(
+        &self,
+        mv: &Move,
+        kind: &mut NodeKind,
+        content: &Arc<MemFile>,
+    ) -> Result<bool, FsError> {
+        match &mv.src {
+            NodeKind::Chunk { array, coords }
+                if self.shards.journal_holds(&self.backing, array, coords)? =>
+            {
+                // Still being written (open, never fsynced): its half-written content is
+                // no state to make durable, so the old name keeps its records for now.
+                if !content.durable_on_request() {
+                    return Ok(false);
+                }
+                match self.make_durable_at(kind, &mv.dst_rel, content) {
+                    Ok(now) => {
+                        *kind = now;
+                        Ok(true)
+                    }
+                    Err(e) => {
+                        warn!(file = %mv.dst_rel.display(),
+                            "renamed chunk not yet durable at its new name: {e}");
+                        Ok(false)
+                    }
+                }
+            }
+            // A file of BACKING (a temporary file written out by its fsync, any file renamed
+            // into an array) may be durable where it is: its new name holds it durably before
+            // it goes, or it stays (and the rename fails).
+            NodeKind::File => {
+                *kind = self.make_durable_at(kind, &mv.dst_rel, content)?;
+                Ok(true)
+            }
+            _ => Ok(true),
+        }
     }
 
     /// Makes what was written of the arrays at and below `rel` durable, so that no journal

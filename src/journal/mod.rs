@@ -96,7 +96,7 @@ impl Entry<'_> {
 }
 
 /// A chunk read back from a dead mount's journal.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Replayed {
     pub array: PathBuf,
     /// Which array was at that path when the record was written (`None`: not recorded).

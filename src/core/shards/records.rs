@@ -93,6 +93,18 @@ impl ShardRegistry {
                 Held::Removal
             }
         };
+        self.book_at(backing, array, coords, record, held)
+    }
+
+    /// Books a record of another journal at `coords`, stamped now (`book`).
+    fn book_at(
+        &self,
+        backing: &Backing,
+        array: &Arc<ArrayState>,
+        coords: &[u64],
+        record: RecordRef,
+        held: Held,
+    ) -> Result<(), FsError> {
         let loc = array.layout.locate(coords);
         let slot = self.slot(backing, array, &loc.shard)?;
         let late = {
@@ -146,22 +158,12 @@ impl ShardRegistry {
         coords: &[u64],
         record: RecordRef,
     ) -> Result<(), FsError> {
-        let loc = array.layout.locate(coords);
-        let slot = self.slot(backing, array, &loc.shard)?;
-        let late = {
-            let mut st = lock(&slot.state);
-            let stamp = self.stamp();
-            // No file of this mount holds its content.
-            let held = Held::Content {
-                file: 0,
-                version: 0,
-            };
-            book(&mut st, loc.pos, stamp, record, held)
+        // No file of this mount holds its content.
+        let held = Held::Content {
+            file: 0,
+            version: 0,
         };
-        if let Some(late) = late {
-            self.note_unsynced(array, &loc.shard, vec![late]);
-        }
-        Ok(())
+        self.book_at(backing, array, coords, record, held)
     }
 
     /// The shard holding `coords`, file and directory, synced: what a replay found there
