@@ -203,10 +203,17 @@ impl World {
         self.array_path(a).join(format!("c/{k}"))
     }
 
+    /// Makes array `a` the careful way POSIX asks for, so that it is there after any crash:
+    /// its document fsynced, then its directories and the one above them.
     fn make_array(&mut self, a: usize) {
         let dir = self.array_path(a);
         fs::create_dir_all(dir.join("c")).unwrap();
-        fs::write(dir.join("zarr.json"), ARRAY).unwrap();
+        let mut doc = fs::File::create(dir.join("zarr.json")).unwrap();
+        doc.write_all(ARRAY.as_bytes()).unwrap();
+        doc.sync_all().unwrap();
+        for d in [dir.join("c"), dir.clone(), self.m().mountpoint.clone()] {
+            fs::File::open(d).unwrap().sync_all().unwrap();
+        }
         for k in 0..KEYS {
             self.model.insert((a, k), Chunk::default());
         }

@@ -13,6 +13,10 @@ use common::mount::Mounted;
 
 const LIMIT: Duration = Duration::from_secs(120);
 
+fn sync_dir(dir: &Path) {
+    fs::File::open(dir).unwrap().sync_all().unwrap();
+}
+
 #[test]
 fn a_power_cut_keeps_what_was_fsynced_and_loses_the_rest() {
     let dir = tempfile::tempdir().unwrap();
@@ -21,18 +25,65 @@ fn a_power_cut_keeps_what_was_fsynced_and_loses_the_rest() {
     fs::create_dir_all(&at).unwrap();
     let layer = CutFs::mount(&disk, &at);
     fs::create_dir(at.join("d")).unwrap();
+    sync_dir(&at);
     let mut f = fs::File::create(at.join("d/f")).unwrap();
     f.write_all(b"durable").unwrap();
     f.sync_all().unwrap();
+    sync_dir(&at.join("d"));
     f.write_all(b" and lost").unwrap();
     assert_eq!(fs::read(at.join("d/f")).unwrap(), b"durable and lost");
     fs::write(at.join("d/g"), b"never synced").unwrap();
+    let mut k = fs::File::create(at.join("d/k")).unwrap();
+    k.write_all(b"synced, its name not").unwrap();
+    k.sync_all().unwrap();
     fs::rename(at.join("d/f"), at.join("d/h")).unwrap();
     assert_eq!(fs::read(at.join("d/h")).unwrap(), b"durable and lost");
-    drop(f);
+    fs::create_dir(at.join("e")).unwrap();
+    drop((f, k));
     layer.cut();
-    assert_eq!(fs::read(disk.join("d/h")).unwrap(), b"durable");
-    assert_eq!(fs::read(disk.join("d/g")).unwrap(), b"");
+    assert_eq!(
+        fs::read(disk.join("d/f")).unwrap(),
+        b"durable",
+        "the rename is undone"
+    );
+    for gone in ["d/h", "d/g", "d/k", "e"] {
+        assert!(
+            !disk.join(gone).exists(),
+            "{gone}: its name was never synced"
+        );
+    }
+}
+
+/// A rename is kept whole once either directory is synced; an unlink of a synced name
+/// is undone unless its directory is synced too.
+#[test]
+fn a_power_cut_keeps_names_whose_directory_was_synced() {
+    let dir = tempfile::tempdir().unwrap();
+    let (disk, at) = (dir.path().join("disk"), dir.path().join("layer"));
+    fs::create_dir_all(disk.join("d")).unwrap();
+    fs::create_dir_all(disk.join("e")).unwrap();
+    fs::write(disk.join("d/f"), b"one").unwrap();
+    fs::write(disk.join("d/g"), b"two").unwrap();
+    fs::create_dir_all(&at).unwrap();
+    let layer = CutFs::mount(&disk, &at);
+    fs::rename(at.join("d/f"), at.join("e/f")).unwrap();
+    sync_dir(&at.join("e"));
+    fs::remove_file(at.join("d/g")).unwrap();
+    fs::write(at.join("e/n"), b"new").unwrap();
+    sync_dir(&at.join("e"));
+    layer.cut();
+    assert_eq!(fs::read(disk.join("e/f")).unwrap(), b"one");
+    assert!(!disk.join("d/f").exists(), "the rename is kept whole");
+    assert_eq!(
+        fs::read(disk.join("d/g")).unwrap(),
+        b"two",
+        "the unlink is undone"
+    );
+    assert_eq!(
+        fs::read(disk.join("e/n")).unwrap(),
+        b"",
+        "its name kept, its data not"
+    );
 }
 
 #[test]
@@ -87,6 +138,11 @@ fn a_shard_left_empty_by_a_power_cut_holds_no_chunk() {
     let (layer, m, disk) = mounted_over_layer(dir.path());
     for k in 0..4u8 {
         fs::write(m.path(&format!("x/c/{k}")), [k + 1; 16]).unwrap();
+    }
+    // The names reach the disk (as the kernel may write them back any time), the data not.
+    let at = dir.path().join("layer");
+    for d in ["", "x", "x/c"] {
+        sync_dir(&at.join(d));
     }
     let m = power_cut(layer, m, &disk);
     assert_eq!(
@@ -149,6 +205,31 @@ fn after_a_failed_sync_no_fsync_is_acknowledged() {
     );
     let m = power_cut(layer, m, &disk);
     assert_eq!(fs::read(m.path("x/c/0")).unwrap(), vec![1; 16]);
+    common::assert_ok(&m.unmount(&[]), "unmount");
+    verify(&disk);
+}
+
+/// An array removed with `rm -r` and made again, its directories synced: after a power cut
+/// none of the old array's chunks are back.
+#[test]
+fn an_array_removed_and_made_again_stays_new_after_a_power_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let (layer, m, disk) = mounted_over_layer(dir.path());
+    fs::write(m.path("x/c/5"), [5u8; 16]).unwrap();
+    common::assert_ok(
+        &common::shardfs(&["flush", m.mountpoint.to_str().unwrap()]),
+        "flush",
+    );
+    fs::remove_dir_all(m.path("x")).unwrap();
+    fs::create_dir_all(m.path("x/c")).unwrap();
+    let mut doc = fs::File::create(m.path("x/zarr.json")).unwrap();
+    doc.write_all(common::LINE_ARRAY.as_bytes()).unwrap();
+    doc.sync_all().unwrap();
+    for d in ["x/c", "x", ""] {
+        sync_dir(&m.path(d));
+    }
+    let m = power_cut(layer, m, &disk);
+    assert!(!m.path("x/c/5").exists(), "the old array's chunk is back");
     common::assert_ok(&m.unmount(&[]), "unmount");
     verify(&disk);
 }

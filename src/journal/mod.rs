@@ -183,6 +183,8 @@ impl Journal {
     pub fn open(backing: &Backing) -> io::Result<Journal> {
         let dir = Path::new(JOURNAL_DIR);
         backing.create_dir_all(dir)?;
+        // A journal directory just made is durable only once BACKING's root is synced.
+        backing.sync_dir_chain(dir)?;
         let id = new_id();
         // Locked before it has the name other mounts look for: a mount starting up beside
         // this one must never find the lock free and take this journal for a dead one.

@@ -4,10 +4,14 @@
 //! have left: every fsynced write, and nothing written since. LazyFS (used by Jepsen) does
 //! the same for its users; this one is ours, small, and in the test process.
 //!
-//! Names (create, rename, unlink, mkdir) reach the disk at once, so they survive a cut
-//! whether or not their directory was fsynced: only file data is lost (LazyFS's default
-//! too). syncfs cannot be seen through FUSE (the kernel sends FUSE_SYNCFS to virtiofs
-//! only), so whatever relies on it is not durable here: fsync each file.
+//! Names (create, rename, unlink, mkdir, link) reach the disk at once, but a cut keeps
+//! only those whose directory was fsynced since (`names`): a new name never synced is
+//! gone, a removal never synced is undone. fsync of a file makes its data durable, not its
+//! name (POSIX; ext4 and XFS happen to keep a new file's name too, others need not).
+//! syncfs cannot be seen through FUSE (the kernel sends FUSE_SYNCFS to virtiofs only), so
+//! whatever relies on it is not durable here: fsync each file and directory.
+
+mod names;
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -16,7 +20,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
@@ -50,7 +54,10 @@ struct State {
 struct Layer {
     disk: PathBuf,
     state: Mutex<State>,
-    off: Arc<AtomicBool>,
+    /// `true` once the power is cut. Every request holds it for reading while it works,
+    /// so that the cut (which takes it for writing) comes between requests.
+    off: Arc<RwLock<bool>>,
+    names: Arc<Mutex<names::Names>>,
     /// fsync fails with EIO, and nothing reaches the disk (a failing writeback).
     fail_sync: Arc<AtomicBool>,
     /// Writes fail with ENOSPC (a full disk).
@@ -60,7 +67,9 @@ struct Layer {
 /// A mounted layer; `cut` ends it.
 pub struct CutFs {
     pub mountpoint: PathBuf,
-    off: Arc<AtomicBool>,
+    disk: PathBuf,
+    off: Arc<RwLock<bool>>,
+    names: Arc<Mutex<names::Names>>,
     fail_sync: Arc<AtomicBool>,
     full: Arc<AtomicBool>,
     session: Option<fuser::BackgroundSession>,
@@ -77,7 +86,10 @@ const TTL: Duration = Duration::ZERO;
 impl CutFs {
     /// Mounts a layer over `disk` at `mountpoint`.
     pub fn mount(disk: &Path, mountpoint: &Path) -> CutFs {
-        let off = Arc::new(AtomicBool::new(false));
+        let off = Arc::new(RwLock::new(false));
+        let names = Arc::new(Mutex::new(
+            names::Names::snapshot(disk).expect("the disk's names are read"),
+        ));
         let mut state = State {
             root_ino: fs::metadata(disk).map(|m| m.ino()).unwrap_or(1),
             next_fh: 1,
@@ -91,6 +103,7 @@ impl CutFs {
             disk: disk.to_path_buf(),
             state: Mutex::new(state),
             off: off.clone(),
+            names: names.clone(),
             fail_sync: fail_sync.clone(),
             full: full.clone(),
         };
@@ -102,7 +115,9 @@ impl CutFs {
             .expect("the power-cut layer mounts");
         CutFs {
             mountpoint: mountpoint.to_path_buf(),
+            disk: disk.to_path_buf(),
             off,
+            names,
             fail_sync,
             full,
             session: Some(session),
@@ -123,9 +138,16 @@ impl CutFs {
     }
 
     /// The power cut: from now on every request fails with EIO, and whatever was not
-    /// fsynced is gone. The layer is unmounted.
+    /// fsynced is gone: file data, and names whose directory was not fsynced. The layer
+    /// is unmounted.
     pub fn cut(mut self) {
-        self.off.store(true, Ordering::SeqCst);
+        let mut off = self.off.write().unwrap_or_else(|e| e.into_inner());
+        *off = true;
+        let names = self.names.lock().unwrap_or_else(|e| e.into_inner());
+        names
+            .restore(&self.disk)
+            .expect("the disk is rebuilt from its durable names");
+        drop((names, off));
         self.unmount();
     }
 
@@ -144,18 +166,53 @@ impl CutFs {
 
 impl Drop for CutFs {
     fn drop(&mut self) {
-        self.off.store(true, Ordering::SeqCst);
+        *self.off.write().unwrap_or_else(|e| e.into_inner()) = true;
         self.unmount();
     }
 }
 
 impl Layer {
-    fn on(&self) -> Res<()> {
-        if self.off.load(Ordering::SeqCst) {
-            Err(Errno::from_i32(libc::EIO))
-        } else {
-            Ok(())
+    /// While the power is on, a guard that keeps it on.
+    fn on(&self) -> Res<RwLockReadGuard<'_, bool>> {
+        let on = self.off.read().unwrap_or_else(|e| e.into_inner());
+        match *on {
+            true => Err(Errno::from_i32(libc::EIO)),
+            false => Ok(on),
         }
+    }
+
+    fn names(&self) -> std::sync::MutexGuard<'_, names::Names> {
+        self.names.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The new name `rel` is noted (durable once its directory is fsynced).
+    fn named(&self, rel: &Path) -> Res<()> {
+        let full = self.full(rel);
+        let (dir, name) = (
+            full.parent().unwrap_or(&full),
+            full.file_name().unwrap_or_default(),
+        );
+        self.names().set(dir, name).map_err(errno)
+    }
+
+    /// A rename of `from` (in the directory of inode `from_dir`) to `to` is noted.
+    fn note_rename(&self, from_dir: u64, from: &Path, to: &Path, exchange: bool) -> Res<()> {
+        let (from, to) = (self.full(from), self.full(to));
+        let split = |p: &Path| -> (PathBuf, std::ffi::OsString) {
+            let dir = p.parent().map(Path::to_path_buf).unwrap_or_default();
+            (dir, p.file_name().unwrap_or_default().to_owned())
+        };
+        let ((fd, fname), (td, tname)) = (split(&from), split(&to));
+        let to_dir = names::ino(&td).map_err(errno)?;
+        self.names()
+            .renamed((from_dir, &fd, &fname), (to_dir, &td, &tname), exchange)
+            .map_err(errno)
+    }
+
+    /// The inode of the directory holding `rel`, before a name in it goes.
+    fn dir_ino(&self, rel: &Path) -> Res<u64> {
+        let full = self.full(rel);
+        names::ino(full.parent().unwrap_or(&full)).map_err(errno)
     }
 
     fn st(&self) -> std::sync::MutexGuard<'_, State> {
@@ -224,7 +281,11 @@ impl Layer {
             crtime: t(m.ctime(), m.ctime_nsec()),
             kind,
             perm: (m.mode() & 0o7777) as u16,
-            nlink: m.nlink() as u32,
+            // (Less the attic's link: `names`.)
+            nlink: match kind {
+                FileType::RegularFile => m.nlink().saturating_sub(1) as u32,
+                _ => m.nlink() as u32,
+            },
             uid: m.uid(),
             gid: m.gid(),
             rdev: m.rdev() as u32,
@@ -416,7 +477,7 @@ impl Filesystem for Layer {
         reply: ReplyAttr,
     ) {
         let r = (|| -> Res<FileAttr> {
-            self.on()?;
+            let _on = self.on()?;
             let rel = self.path(ino)?;
             let full = self.full(&rel);
             if let Some(m) = mode {
@@ -481,15 +542,15 @@ impl Filesystem for Layer {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        let r = self
-            .on()
-            .and_then(|_| self.child(parent, name))
-            .and_then(|rel| {
-                fs::create_dir(self.full(&rel)).map_err(errno)?;
-                let perm = fs::Permissions::from_mode(mode & !umask & 0o7777);
-                fs::set_permissions(self.full(&rel), perm).map_err(errno)?;
-                Ok(rel)
-            });
+        let r = (|| -> Res<PathBuf> {
+            let _on = self.on()?;
+            let rel = self.child(parent, name)?;
+            fs::create_dir(self.full(&rel)).map_err(errno)?;
+            let perm = fs::Permissions::from_mode(mode & !umask & 0o7777);
+            fs::set_permissions(self.full(&rel), perm).map_err(errno)?;
+            self.named(&rel)?;
+            Ok(rel)
+        })();
         match r {
             Ok(rel) => self.entry(&rel, reply),
             Err(e) => reply.error(e),
@@ -497,26 +558,28 @@ impl Filesystem for Layer {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let r = self
-            .on()
-            .and_then(|_| self.child(parent, name))
-            .and_then(|rel| {
-                fs::remove_file(self.full(&rel)).map_err(errno)?;
-                self.forget_path(&rel);
-                Ok(())
-            });
+        let r = (|| -> Res<()> {
+            let _on = self.on()?;
+            let rel = self.child(parent, name)?;
+            let dir = self.dir_ino(&rel)?;
+            fs::remove_file(self.full(&rel)).map_err(errno)?;
+            self.names().removed(dir, name);
+            self.forget_path(&rel);
+            Ok(())
+        })();
         reply_empty(reply, r);
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let r = self
-            .on()
-            .and_then(|_| self.child(parent, name))
-            .and_then(|rel| {
-                fs::remove_dir(self.full(&rel)).map_err(errno)?;
-                self.forget_path(&rel);
-                Ok(())
-            });
+        let r = (|| -> Res<()> {
+            let _on = self.on()?;
+            let rel = self.child(parent, name)?;
+            let dir = self.dir_ino(&rel)?;
+            fs::remove_dir(self.full(&rel)).map_err(errno)?;
+            self.names().removed(dir, name);
+            self.forget_path(&rel);
+            Ok(())
+        })();
         reply_empty(reply, r);
     }
 
@@ -528,13 +591,13 @@ impl Filesystem for Layer {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        let r = self
-            .on()
-            .and_then(|_| self.child(parent, link_name))
-            .and_then(|rel| {
-                std::os::unix::fs::symlink(target, self.full(&rel)).map_err(errno)?;
-                Ok(rel)
-            });
+        let r = (|| -> Res<PathBuf> {
+            let _on = self.on()?;
+            let rel = self.child(parent, link_name)?;
+            std::os::unix::fs::symlink(target, self.full(&rel)).map_err(errno)?;
+            self.named(&rel)?;
+            Ok(rel)
+        })();
         match r {
             Ok(rel) => self.entry(&rel, reply),
             Err(e) => reply.error(e),
@@ -552,8 +615,9 @@ impl Filesystem for Layer {
         reply: ReplyEmpty,
     ) {
         let r = (|| -> Res<()> {
-            self.on()?;
+            let _on = self.on()?;
             let (from, to) = (self.child(parent, name)?, self.child(newparent, newname)?);
+            let from_dir = self.dir_ino(&from)?;
             let c = |p: &Path| std::ffi::CString::new(self.full(p).as_os_str().as_bytes()).unwrap();
             let (a, b) = (c(&from), c(&to));
             // SAFETY: two valid C strings; renameat2 only reads them.
@@ -567,11 +631,11 @@ impl Filesystem for Layer {
                 )
             };
             if rc != 0 {
-                let e = std::io::Error::last_os_error();
-                eprintln!("DBG rename failed {e}");
-                return Err(errno(e));
+                return Err(errno(std::io::Error::last_os_error()));
             }
-            if flags.contains(RenameFlags::RENAME_EXCHANGE) {
+            let exchange = flags.contains(RenameFlags::RENAME_EXCHANGE);
+            self.note_rename(from_dir, &from, &to, exchange)?;
+            if exchange {
                 // Both names stay; which inode each names is looked up again.
                 self.forget_path(&from);
                 self.forget_path(&to);
@@ -592,9 +656,10 @@ impl Filesystem for Layer {
         reply: ReplyEntry,
     ) {
         let r = (|| -> Res<PathBuf> {
-            self.on()?;
+            let _on = self.on()?;
             let (from, to) = (self.path(ino)?, self.child(newparent, newname)?);
             fs::hard_link(self.full(&from), self.full(&to)).map_err(errno)?;
+            self.named(&to)?;
             Ok(to)
         })();
         match r {
@@ -605,7 +670,7 @@ impl Filesystem for Layer {
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let r = (|| -> Res<u64> {
-            self.on()?;
+            let _on = self.on()?;
             let rel = self.path(ino)?;
             let file = open_options(flags.0).open(self.full(&rel)).map_err(errno)?;
             if flags.0 & libc::O_TRUNC != 0 {
@@ -630,7 +695,7 @@ impl Filesystem for Layer {
         reply: ReplyCreate,
     ) {
         let r = (|| -> Res<(FileAttr, u64)> {
-            self.on()?;
+            let _on = self.on()?;
             let rel = self.child(parent, name)?;
             let mut o = open_options(flags);
             o.mode(mode & !umask & 0o7777);
@@ -639,7 +704,11 @@ impl Filesystem for Layer {
             } else {
                 o.create(true);
             }
+            let existed = fs::symlink_metadata(self.full(&rel)).is_ok();
             let file = o.open(self.full(&rel)).map_err(errno)?;
+            if !existed {
+                self.named(&rel)?;
+            }
             if flags & libc::O_TRUNC != 0 {
                 self.change(&file, Change::Truncate(0))?;
             }
@@ -713,7 +782,7 @@ impl Filesystem for Layer {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        reply_empty(reply, self.on());
+        reply_empty(reply, self.on().map(drop));
     }
 
     fn release(
@@ -738,10 +807,10 @@ impl Filesystem for Layer {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let r = self
-            .on()
-            .and_then(|_| self.handle(fh))
-            .and_then(|f| self.sync(&f));
+        let r = (|| -> Res<()> {
+            let _on = self.on()?;
+            self.sync(&*self.handle(fh)?)
+        })();
         reply_empty(reply, r);
     }
 
@@ -761,7 +830,7 @@ impl Filesystem for Layer {
         mut reply: ReplyDirectory,
     ) {
         let r = (|| -> Res<Vec<(u64, FileType, std::ffi::OsString)>> {
-            self.on()?;
+            let _on = self.on()?;
             let rel = self.path(ino)?;
             let mut out = vec![
                 (ino.0, FileType::Directory, ".".into()),
@@ -803,13 +872,21 @@ impl Filesystem for Layer {
     fn fsyncdir(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        // Names reach the disk at once here.
-        reply_empty(reply, self.on());
+        let r = (|| -> Res<()> {
+            let _on = self.on()?;
+            if self.fail_sync.load(Ordering::SeqCst) {
+                return Err(Errno::from_i32(libc::EIO));
+            }
+            let dir = names::ino(&self.full(&self.path(ino)?)).map_err(errno)?;
+            self.names().synced(dir);
+            Ok(())
+        })();
+        reply_empty(reply, r);
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
