@@ -380,6 +380,61 @@ fn a_retirement_refused_by_a_full_disk_fails_flush_and_rolls_nothing_back() {
     assert_ok(&m.unmount(&[]), "unmount");
 }
 
+/// Found by attacking the fix: on a full disk a rename that completed a shard returned the
+/// shard write's ENOSPC though the names had moved, so the kernel kept the old name for the
+/// moved file and the next write through it overwrote the chunk at the new name. A rename
+/// either happens (and returns success) or leaves both names as they were.
+#[test]
+fn a_rename_on_a_full_disk_happens_whole_or_not_at_all() {
+    let args = ["--chunks-per-shard", "4"];
+    let (d, _, _) = dirs();
+    let tmpfs = common::mount::Tmpfs::new(&d.path().join("small"), "1M");
+    let backing = tmpfs.0.clone();
+    let m = Mounted::new(&backing, &args, LIMIT);
+    let a = array(&m, "a", &LINE.replace("[128]", "[1024]"));
+    let mut want: Vec<Option<u8>> = vec![None; 64];
+    for k in (0..64).step_by(2) {
+        write_synced(&a.join(format!("c/{k}")), &[k as u8 + 1; 16]);
+        want[k] = Some(k as u8 + 1);
+    }
+    fill_up(&backing);
+    let mut failed = 0;
+    for k in (0..64).step_by(2) {
+        let (from, to) = (a.join(format!("c/{k}")), a.join(format!("c/{}", k + 1)));
+        match fs::rename(&from, &to) {
+            Ok(()) => {
+                want[k + 1] = want[k].take();
+                let _ = fs::File::open(a.join("c")).and_then(|f| f.sync_all());
+            }
+            Err(_) => failed += 1,
+        }
+        for j in [k, k + 1] {
+            let got = fs::read(a.join(format!("c/{j}"))).ok();
+            assert_eq!(
+                got,
+                want[j].map(|v| vec![v; 16]),
+                "chunk {j} after rename {k}"
+            );
+        }
+    }
+    fs::remove_file(backing.join("fill")).unwrap();
+    // Written through whatever names the kernel holds now: they must be the true ones.
+    for k in [3usize, 2] {
+        write_synced(&a.join(format!("c/{k}")), &[100 + k as u8; 16]);
+        want[k] = Some(100 + k as u8);
+    }
+    let m = crash_and_remount(m, &args);
+    for (k, v) in want.iter().enumerate() {
+        let got = fs::read(m.path(&format!("a/c/{k}"))).ok();
+        assert_eq!(
+            got,
+            v.map(|v| vec![v; 16]),
+            "chunk {k} after the crash ({failed} renames failed)"
+        );
+    }
+    assert_ok(&m.unmount(&[]), "unmount");
+}
+
 /// Defect 3: a dead mount's journal never rolls back what a live mount wrote after it, and
 /// never puts a chunk into an array created after its record. Mount A fsyncs chunks and is
 /// killed; mount B, live throughout, overwrites one, removes and re-creates the other
