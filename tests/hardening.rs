@@ -447,8 +447,9 @@ fn a_layout_change_writes_pending_chunks_under_their_layout_or_fails_with_ebusy(
     assert_eq!(fs::read(a.join("c/1/1")).unwrap(), [7; 64]);
     assert_ok(&m.unmount(&[]), "unmount");
     let old_layout_shard = fs::read(backing.join("a/c/1/1")).unwrap();
-    // 2x2 positions, one present: 16 bytes of chunk, then 4 * 16 index bytes and a crc.
-    assert_eq!(old_layout_shard.len(), 16 + 4 * 16 + 4);
+    // 2x2 positions, one present: 16 bytes of chunk, the shard's times (4 * 8 bytes and
+    // a 16-byte footer), then 4 * 16 index bytes and a crc.
+    assert_eq!(old_layout_shard.len(), 16 + (4 * 8 + 16) + 4 * 16 + 4);
     assert_eq!(&old_layout_shard[..16], &[6; 16]);
 }
 

@@ -65,8 +65,13 @@ enum Op {
     /// `rm -r` of the array, then its `zarr.json` written again.
     Recreate(usize),
     /// The `zarr.json` the mount shows written back: by a shell redirect (0), a temporary
-    /// file renamed over it (1), removed and put back (2).
+    /// file renamed over it (1), removed and put back (2); or another layout written over
+    /// it (3: the array twice as long, or back, as a resize does; its chunks stay where
+    /// they are).
     RewriteMeta(usize, u8),
+    /// Native tensorstore (zarr3 driver, `file` kvstore with its defaults: fsync, OS
+    /// locks) writes the whole chunk through the mount: durable once it returns.
+    Tensorstore(Key),
     Flush,
     Remount,
     /// A second mount of BACKING, which survives the next crash and takes over.
@@ -353,6 +358,12 @@ impl World {
                 self.model.get_mut(&from).unwrap().set(None);
             }
             Op::RenameOpen(from, to, sync) => self.rename_open(from, to, sync)?,
+            Op::Tensorstore(key) => {
+                let c = self.next(key);
+                self.model.get_mut(&key).unwrap().set(Some(c.clone()));
+                self.tensorstore_write(key, &c)?;
+                self.model.get_mut(&key).unwrap().sync();
+            }
             Op::Unlink(key) => {
                 io(fs::remove_file(self.chunk_path(key)), "unlink")?;
                 self.model.get_mut(&key).unwrap().set(None);
@@ -438,6 +449,27 @@ impl World {
         Ok(())
     }
 
+    fn tensorstore_write(&self, (a, k): Key, c: &[u8]) -> Result<(), String> {
+        let code = "import sys, numpy as np, tensorstore as ts\n\
+                    path, k, data = sys.argv[1], int(sys.argv[2]), bytes.fromhex(sys.argv[3])\n\
+                    spec = {'driver': 'zarr3', 'kvstore': {'driver': 'file', 'path': path}}\n\
+                    t = ts.open(spec, open=True).result()\n\
+                    t[k * 16:(k + 1) * 16].write(np.frombuffer(data, dtype=np.uint8)).result()\n";
+        let hex: String = c.iter().map(|b| format!("{b:02x}")).collect();
+        let out = run_limited(
+            Command::new(common::python())
+                .args(["-c", code])
+                .arg(self.array_path(a))
+                .arg(k.to_string())
+                .arg(hex),
+            LIMIT,
+        )?;
+        match out.status.success() {
+            true => Ok(()),
+            false => Err(format!("tensorstore: {}", common::stderr(&out))),
+        }
+    }
+
     fn shardfs_ok(&self, args: &[&str]) -> Result<(), String> {
         let out = run_limited(Command::new(common::shardfs_bin()).args(args), LIMIT)?;
         if out.status.success() {
@@ -454,9 +486,12 @@ impl World {
     fn rewrite_meta(&mut self, a: usize, how: u8) -> Result<(), String> {
         let doc = self.array_path(a).join("zarr.json");
         let view = fs::read(&doc).map_err(|e| format!("read zarr.json: {e}"))?;
+        if how % 4 == 3 {
+            return self.relayout(&doc, &view);
+        }
         let saved = self.scratch.join("view.json");
         fs::write(&saved, &view).unwrap();
-        let r = match how % 3 {
+        let r = match how % 4 {
             0 => {
                 let script = format!("cat '{}' > '{}'", saved.display(), doc.display());
                 let out = run_limited(Command::new("sh").args(["-c", &script]), LIMIT)?;
@@ -480,6 +515,24 @@ impl World {
                 String::from_utf8_lossy(&after)
             )),
             Err(e) => Err(format!("zarr.json after writing it back: {e}")),
+        }
+    }
+
+    /// Another layout over `doc` (the view `view`): the array twice as long, or back.
+    fn relayout(&self, doc: &Path, view: &[u8]) -> Result<(), String> {
+        let mut v: serde_json::Value =
+            serde_json::from_slice(view).map_err(|e| format!("the view of zarr.json: {e}"))?;
+        let long = v["shape"][0].as_u64() == Some(KEYS * 16);
+        v["shape"][0] = serde_json::json!(if long { KEYS * 32 } else { KEYS * 16 });
+        let text = serde_json::to_vec_pretty(&v).unwrap();
+        fs::write(doc, &text).map_err(|e| format!("write another layout: {e}"))?;
+        let after: serde_json::Value = fs::read(doc)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
+        match after["shape"] == v["shape"] {
+            true => Ok(()),
+            false => Err(format!("zarr.json after another layout: {after}")),
         }
     }
 
@@ -598,13 +651,17 @@ impl World {
     }
 
     fn zarr_reads(&self) -> Result<(), String> {
-        let code = "import sys, zarr\n\
-                    for p in sys.argv[1:]:\n    \
-                        print(zarr.open_array(p, mode='r')[...].tobytes().hex())\n";
+        // The first KEYS chunks: the model's (another layout may make the array longer).
+        let code = format!(
+            "import sys, zarr\n\
+             for p in sys.argv[1:]:\n    \
+                 print(zarr.open_array(p, mode='r')[:{}].tobytes().hex())\n",
+            KEYS * 16
+        );
         let paths: Vec<PathBuf> = ARRAYS.iter().map(|a| self.disk.join(a)).collect();
         let out = run_limited(
             Command::new(common::python())
-                .args(["-c", code])
+                .args(["-c", &code])
                 .args(&paths),
             LIMIT,
         )?;
@@ -651,7 +708,8 @@ fn sequence(rng: &mut Rng, n: usize, crash_at_end: bool) -> Vec<Op> {
             68..71 => Op::RenameOpen(key(rng), key(rng), rng.below(2) == 0),
             71..78 => Op::Unlink(key(rng)),
             78..80 => Op::Recreate(rng.below(ARRAYS.len())),
-            80..85 => Op::RewriteMeta(rng.below(ARRAYS.len()), rng.below(3) as u8),
+            80..84 => Op::RewriteMeta(rng.below(ARRAYS.len()), rng.below(4) as u8),
+            84..85 => Op::Tensorstore(key(rng)),
             85..89 => Op::Flush,
             89..91 => Op::Remount,
             91..94 => Op::Witness,
@@ -672,7 +730,9 @@ fn applicable(w: &World, op: &Op) -> bool {
         Op::Patch(k, _) | Op::Refill(k) | Op::FsyncFile(k) | Op::Unlink(k) => w.exists(*k),
         Op::Rename(from, to) | Op::RenameOpen(from, to, _) => from != to && w.exists(*from),
         // Not on a full disk: their partial failures are more than the model tracks.
-        Op::Recreate(_) | Op::RewriteMeta(..) | Op::Remount | Op::Witness => !w.full && !w.degraded,
+        Op::Recreate(_) | Op::RewriteMeta(..) | Op::Tensorstore(_) | Op::Remount | Op::Witness => {
+            !w.full && !w.degraded
+        }
         _ => true,
     }
 }

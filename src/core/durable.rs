@@ -253,7 +253,7 @@ impl ShardFs {
                     &self.backing,
                     &array,
                     &r.coords,
-                    r.data.clone(),
+                    (r.data.clone(), r.at),
                     record,
                 )?;
                 return Ok(Some(array));
@@ -317,17 +317,29 @@ impl ShardFs {
         if after_applied {
             return Ok(Verdict::Apply(array));
         }
-        let (stored, here) = self
+        let (stored, stamp, here) = self
             .shards
             .position_state(&self.backing, &array, &r.coords)?;
         match here {
             HeldHere::Nothing => {}
             // A pending content older than the record (another mount's later fsync): the
             // record's content replaces it, as the later write.
-            HeldHere::Content(changed) if unix_ns(changed) < r.at => {
+            HeldHere::Content(changed) if changed < r.at => {
                 return Ok(Verdict::Apply(array));
             }
             _ => return Ok(Verdict::HeldHere(array)),
+        }
+        // The shard says when its state at the chunk came: the later of the two stays,
+        // even when the chunk went back to the bytes (or the absence) the record went over.
+        match stamp {
+            Some(at) if at > r.at && stored == Was::of(r.data.as_deref()) => {
+                return Ok(Verdict::Superseded(array, "its shard holds it already"));
+            }
+            Some(at) if at > r.at => {
+                return Ok(Verdict::Superseded(array, "the chunk was written since"));
+            }
+            Some(_) => return Ok(Verdict::Apply(array)),
+            None => {}
         }
         Ok(match r.was {
             Was::Unknown => Verdict::Apply(array),
@@ -376,9 +388,3 @@ fn in_time_order(records: &mut Vec<Replayed>) {
 
 /// A shard that a replay gave pending state: its array and coordinates.
 type Touched = (Arc<ArrayState>, Vec<u64>);
-
-/// Nanoseconds since the epoch (0 before it).
-fn unix_ns(t: std::time::SystemTime) -> u64 {
-    t.duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
-}

@@ -165,6 +165,16 @@ pub struct MemState {
     /// A writer asked for its content to be durable (fsync), before its name was: an fsync
     /// of the directory it is renamed into must then include it, even while still open.
     pub fsynced: bool,
+    /// When the content last changed (ns since the epoch): the time its shard stamps at
+    /// its position (`shard::stamps`). Unlike `mtime`, no setattr moves it.
+    pub changed: u64,
+}
+
+/// Nanoseconds since the epoch, now.
+pub fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 impl MemFile {
@@ -179,6 +189,7 @@ impl MemFile {
                 retired: false,
                 touched: Some(Instant::now()),
                 fsynced: false,
+                changed: now_ns(),
                 mode,
             }),
         }
@@ -221,6 +232,7 @@ impl MemFile {
         s.touched = Some(Instant::now());
         s.version += 1;
         s.mtime = SystemTime::now();
+        s.changed = now_ns();
         Some(s.data.len() as i64 - before)
     }
 

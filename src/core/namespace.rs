@@ -490,17 +490,40 @@ impl ShardFs {
     /// Removes a key directory that shows no chunk from BACKING too, so that it does not
     /// come back when the array's `zarr.json` goes (`rm -r` would then find it). Shard
     /// files of deleted chunks still in it are written (removed) first.
-    fn remove_key_dir(&self, array: &Path, rel: &Path) -> Result<(), FsError> {
+    fn remove_key_dir(&self, array: &ArrayState, rel: &Path) -> Result<(), FsError> {
         let gone = |r: std::io::Result<()>| match r {
             Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) => Ok(false),
             Err(e) if crate::backing::is_absent(&e) => Ok(true),
             other => other.map(|()| true),
         };
         if !gone(self.backing.remove_dir(rel))? {
-            self.flush_array_at(array)?;
+            self.flush_array_at(&array.rel)?;
+            for e in self.backing.list(rel)? {
+                let path = rel.join(&e.name);
+                if !e.kind.is_dir() && self.holds_no_chunk(array, &path) {
+                    let _ = self.backing.remove_file(&path);
+                }
+            }
             gone(self.backing.remove_dir(rel))?;
         }
         Ok(())
+    }
+
+    /// A shard file that holds no chunk: an empty one a crash left, or one kept only for
+    /// its stamps (`shard::stamps`). The mount never shows it, so it must not keep its
+    /// directory from going.
+    fn holds_no_chunk(&self, array: &ArrayState, path: &Path) -> bool {
+        let Ok(Some(meta)) = self.backing.stat(path) else {
+            return false;
+        };
+        if meta.len() == 0 {
+            return true;
+        }
+        let Ok(file) = self.backing.open(path) else {
+            return false;
+        };
+        crate::shard::read_index(&file, meta.len(), &array.layout.index)
+            .is_ok_and(|i| i.present().next().is_none())
     }
 
     /// Removes the empty directories on key paths below `rel` (bottom up) that the mount does
@@ -515,19 +538,11 @@ impl ShardFs {
             let Some(name) = e.name.to_str() else {
                 continue;
             };
-            // An empty shard file (a crash left it) holds no chunk and was never shown.
+            // A shard file holding no chunk was never shown (`holds_no_chunk`).
             if !e.kind.is_dir() {
-                if array.is_key_name(node, name) {
-                    let path = rel.join(name);
-                    if self
-                        .backing
-                        .stat(&path)
-                        .ok()
-                        .flatten()
-                        .is_some_and(|m| m.len() == 0)
-                    {
-                        let _ = self.backing.remove_file(&path);
-                    }
+                let path = rel.join(name);
+                if array.is_key_name(node, name) && self.holds_no_chunk(array, &path) {
+                    let _ = self.backing.remove_file(&path);
                 }
                 continue;
             }
@@ -570,7 +585,7 @@ impl ShardFs {
                     return Err(FsError::NotEmpty);
                 }
                 self.temps.remove_dir(&rel);
-                self.remove_key_dir(&array.rel, &rel)?;
+                self.remove_key_dir(array, &rel)?;
             }
             // Its zarr.json is still there.
             NodeKind::ArrayDir(_) => return Err(FsError::NotEmpty),
@@ -642,18 +657,19 @@ impl ShardFs {
                 self.inodes.detach(newparent, newname, None);
             }
         }
-        // A chunk that left a shard, or arrived closed, may complete it. The names have
-        // moved by now, so a failed shard write (a full disk) is not the rename's: an
-        // error would have the kernel keep the old name for the moved file. The chunks
-        // stay pending in memory, and the next fsync or flush of them reports it.
+        // A chunk that left a shard, or arrived closed, may complete it. A failed shard
+        // write (a full disk, a store gone) is the writer's to hear of, though the names
+        // have moved: the adapter then has the kernel drop both names. The chunks stay
+        // pending in memory.
+        let mut result = Ok(());
         for kind in [&mv.src, &new_kind] {
             if let NodeKind::Chunk { array, coords } = kind
                 && let Err(e) = self.complete_if_ready(array, coords, false)
             {
-                warn!("shard write after a rename failed, chunks kept in memory: {e}");
+                result = result.and(Err(e));
             }
         }
-        Ok(())
+        result
     }
 
     /// Moves what `mv.src` names to its new place; returns what the new name is then.

@@ -16,6 +16,10 @@ pub type Segments = Vec<Bytes>;
 pub struct ShardBuilder {
     format: IndexFormat,
     chunks: Vec<Option<Segments>>,
+    /// When each position got its content (`stamps`); all 0: no block is written.
+    stamps: Vec<u64>,
+    /// Written even with no chunk left, for its stamps (an index with every chunk missing).
+    keep_empty: bool,
 }
 
 /// A whole shard file as an ordered list of buffers.
@@ -32,6 +36,8 @@ impl ShardBuilder {
         ShardBuilder {
             format,
             chunks: vec![None; n],
+            stamps: vec![0; n],
+            keep_empty: false,
         }
     }
 
@@ -67,10 +73,35 @@ impl ShardBuilder {
         self.chunks[pos] = None;
     }
 
+    /// Position `pos` got what it holds (a content, or nothing) at `ns` (`stamps`).
+    pub fn stamp(&mut self, pos: usize, ns: u64) {
+        if let Some(s) = self.stamps.get_mut(pos) {
+            *s = ns;
+        }
+    }
+
+    /// The stamps an existing shard holds, for the positions kept from it.
+    pub fn stamps_from(&mut self, stamps: &[u64]) {
+        for (s, old) in self.stamps.iter_mut().zip(stamps) {
+            *s = *old;
+        }
+    }
+
+    pub fn holds_no_chunk(&self) -> bool {
+        self.chunks.iter().all(Option::is_none)
+    }
+
+    /// A shard with no chunk left is still written, when it has stamps: its removals
+    /// must be seen as later than an older record of them.
+    pub fn keep_when_empty(&mut self) {
+        self.keep_empty = true;
+    }
+
     /// Lays out the shard: chunks in position order, index at the configured end.
     /// `None` when every chunk is missing, which means "no shard file".
     pub fn build(self) -> Option<EncodedShard> {
-        if self.chunks.iter().all(Option::is_none) {
+        let stamped = self.stamps.iter().any(|s| *s != 0);
+        if self.chunks.iter().all(Option::is_none) && !(self.keep_empty && stamped) {
             return None;
         }
         let index_len = self.format.encoded_len();
@@ -87,6 +118,10 @@ impl ShardBuilder {
             index.set(pos, Some(ChunkRange { offset, nbytes }));
             offset += nbytes;
             buffers.extend(segments.into_iter().filter(|s| !s.is_empty()));
+        }
+        if stamped {
+            buffers.push(Bytes::from(super::stamps::encode(&self.stamps)));
+            offset += super::stamps::block_len(self.stamps.len());
         }
         let encoded = Bytes::from(self.format.encode(&index));
         match self.format.location {
@@ -303,5 +338,44 @@ mod tests {
         let mut out = Dribble(Vec::new(), 0);
         shard.write_all_to(&mut out).unwrap();
         assert_eq!(out.0, shard.to_vec());
+    }
+}
+
+#[cfg(test)]
+mod stamp_tests {
+    use super::*;
+    use crate::shard::{Endian, IndexCodec, read_index, stamps};
+
+    #[test]
+    fn stamps_lie_where_no_range_points_and_an_empty_stamped_shard_is_kept() {
+        for location in [IndexLocation::End, IndexLocation::Start] {
+            let format = IndexFormat {
+                chunks_per_shard: vec![4],
+                location,
+                codec: IndexCodec {
+                    endian: Endian::Little,
+                    crc32c: true,
+                },
+            };
+            let mut b = ShardBuilder::new(format.clone());
+            b.set(1, vec![Bytes::from_static(b"abc")]);
+            b.stamp(1, 11);
+            b.stamp(2, 22);
+            let file = b.build().unwrap().to_vec();
+            let index = read_index(&file[..], file.len() as u64, &format).unwrap();
+            let r = index.get(1).unwrap();
+            assert_eq!(&file[r.offset as usize..r.end() as usize], b"abc");
+            assert_eq!(
+                stamps::read(&file[..], file.len() as u64, &format),
+                Some(vec![0, 11, 22, 0])
+            );
+            let mut empty = ShardBuilder::new(format.clone());
+            empty.stamp(0, 5);
+            assert!(ShardBuilder::new(format.clone()).build().is_none());
+            empty.keep_when_empty();
+            let file = empty.build().unwrap().to_vec();
+            let index = read_index(&file[..], file.len() as u64, &format).unwrap();
+            assert_eq!(index.present().count(), 0);
+        }
     }
 }

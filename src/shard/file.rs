@@ -20,6 +20,19 @@ impl ReadAt for File {
     }
 }
 
+/// A shard in memory.
+impl ReadAt for [u8] {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let start = usize::try_from(offset).unwrap_or(usize::MAX);
+        let end = start.saturating_add(buf.len());
+        let src = self
+            .get(start..end)
+            .ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
+        buf.copy_from_slice(src);
+        Ok(())
+    }
+}
+
 impl<T: ReadAt + ?Sized> ReadAt for std::sync::Arc<T> {
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         (**self).read_exact_at(buf, offset)

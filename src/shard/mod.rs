@@ -4,6 +4,7 @@
 pub mod builder;
 pub mod file;
 pub mod index;
+pub mod stamps;
 
 pub use builder::{EncodedShard, Segments, ShardBuilder, write_all_vectored};
 pub use file::{ReadAt, ShardFileError, read_chunk_part, read_index, read_index_lenient};

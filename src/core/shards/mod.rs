@@ -103,6 +103,8 @@ pub(crate) struct ShardState {
     pending: BTreeMap<usize, Arc<MemFile>>,
     /// Positions deleted through the mount that the shard file still holds.
     deleted: BTreeSet<usize>,
+    /// When each deleted position was (ns since the epoch): its stamp in the shard.
+    removed_at: BTreeMap<usize, u64>,
     /// Positions written (and closed) or deleted in this round.
     done: BTreeSet<usize>,
     /// The journal records of its positions, and the rule that retires them.
@@ -609,6 +611,7 @@ impl ShardRegistry {
         let m = Arc::new(MemFile::new(base, 0o644));
         self.charge(m.len() as i64);
         st.deleted.remove(&loc.pos);
+        st.removed_at.remove(&loc.pos);
         st.pending.insert(loc.pos, m.clone());
         st.last_change = Some(Instant::now());
         Ok(m)
@@ -627,6 +630,9 @@ impl ShardRegistry {
         let slot = self.slot(backing, array, &loc.shard)?;
         let mut st = lock(&slot.state);
         st.deleted.remove(&loc.pos);
+        st.removed_at.remove(&loc.pos);
+        // Its content is this key's from now on (`shard::stamps`).
+        file.with(|s| s.changed = crate::core::memfile::now_ns());
         if file.settled() {
             st.done.insert(loc.pos);
         }
@@ -703,6 +709,8 @@ impl ShardRegistry {
         // the file, and the deletion must then win.
         if stored || had_pending.is_some() {
             st.deleted.insert(loc.pos);
+            st.removed_at
+                .insert(loc.pos, crate::core::memfile::now_ns());
         }
         if existed {
             st.done.insert(loc.pos);

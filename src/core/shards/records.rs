@@ -74,7 +74,7 @@ impl ShardRegistry {
         backing: &Backing,
         array: &Arc<ArrayState>,
         coords: &[u64],
-        data: Option<Bytes>,
+        (data, at): (Option<Bytes>, u64),
         record: RecordRef,
     ) -> Result<(), FsError> {
         let held = match data {
@@ -82,7 +82,9 @@ impl ShardRegistry {
                 let file = Arc::new(MemFile::new(FileData::from_bytes(bytes), 0o644));
                 self.charge(file.len() as i64);
                 let held = file.held(0);
-                self.put(backing, array, coords, file)?;
+                self.put(backing, array, coords, file.clone())?;
+                // Its shard stamps it with the record's time, not the replay's.
+                file.with(|s| s.changed = at);
                 held
             }
             None => {
@@ -90,10 +92,28 @@ impl ShardRegistry {
                 // journal would carry a later time and, replayed beside the dead journal
                 // after another crash, undo that journal's later content of the chunk.
                 self.move_away(backing, array, coords, false)?;
+                self.stamp_removal(backing, array, coords, at)?;
                 Held::Removal
             }
         };
         self.book_at(backing, array, coords, record, held)
+    }
+
+    /// A removal pending at `coords` came at `at` (a replayed record's time).
+    fn stamp_removal(
+        &self,
+        backing: &Backing,
+        array: &Arc<ArrayState>,
+        coords: &[u64],
+        at: u64,
+    ) -> Result<(), FsError> {
+        let loc = array.layout.locate(coords);
+        let slot = self.slot(backing, array, &loc.shard)?;
+        let mut st = lock(&slot.state);
+        if st.deleted.contains(&loc.pos) {
+            st.removed_at.insert(loc.pos, at);
+        }
+        Ok(())
     }
 
     /// Books a record of another journal at `coords`, stamped now (`book`).
@@ -188,16 +208,25 @@ impl ShardRegistry {
         backing: &Backing,
         array: &Arc<ArrayState>,
         coords: &[u64],
-    ) -> Result<(Was, HeldHere), FsError> {
+    ) -> Result<(Was, Option<u64>, HeldHere), FsError> {
         let loc = array.layout.locate(coords);
         let slot = self.slot(backing, array, &loc.shard)?;
         let mut st = lock(&slot.state);
         let here = match st.pending.get(&loc.pos) {
-            Some(m) => HeldHere::Content(m.with(|s| s.mtime)),
+            Some(m) => HeldHere::Content(m.with(|s| s.changed)),
             None if st.deleted.contains(&loc.pos) => HeldHere::Removal,
             None => HeldHere::Nothing,
         };
-        Ok((self.stored_was(&slot, loc.pos, &mut st), here))
+        let was = self.stored_was(&slot, loc.pos, &mut st);
+        Ok((was, self.stored_stamp(&slot, loc.pos, &mut st), here))
+    }
+
+    /// When the shard file's state at `pos` came (`shard::stamps`), if it says so.
+    fn stored_stamp(&self, slot: &ShardSlot, pos: usize, st: &mut ShardState) -> Option<u64> {
+        let open = self.open_stored(slot, &slot.shard, st).ok()??;
+        let len = open.file.info().size;
+        let stamps = crate::shard::stamps::read(&*open.file, len, &open.stored.format)?;
+        stamps.get(pos).copied().filter(|s| *s != 0)
     }
 
     /// Makes the slot's shard durable if this mount wrote (or removed) it without syncing:
@@ -237,8 +266,8 @@ impl ShardRegistry {
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum HeldHere {
     Nothing,
-    /// Pending content, last changed then.
-    Content(std::time::SystemTime),
+    /// Pending content, last changed then (ns since the epoch).
+    Content(u64),
     /// A deletion not yet written.
     Removal,
 }

@@ -51,6 +51,8 @@ struct Taken {
     stamp: u64,
     chosen: Vec<Chosen>,
     deleted: BTreeSet<usize>,
+    /// When each chosen content and each removal came (`shard::stamps`).
+    times: BTreeMap<usize, u64>,
     /// Positions done when taken: a complete write ends their round.
     done: BTreeSet<usize>,
     cached: Option<StoredIndex>,
@@ -72,8 +74,18 @@ fn choose(reg: &ShardRegistry, slot: &ShardSlot, take_all: bool) -> Option<Taken
     if chosen.is_empty() && st.deleted.is_empty() {
         return None;
     }
+    let times = chosen
+        .iter()
+        .map(|(pos, m, ..)| (*pos, m.with(|s| s.changed)))
+        .chain(
+            st.deleted
+                .iter()
+                .map(|p| (*p, st.removed_at.get(p).copied().unwrap_or(0))),
+        )
+        .collect();
     Some(Taken {
         stamp: reg.stamp(),
+        times,
         chosen,
         deleted: st.deleted.clone(),
         done: st.done.clone(),
@@ -136,6 +148,7 @@ impl ShardRegistry {
             format: &format,
             chosen: &taken.chosen,
             deleted: &taken.deleted,
+            times: &taken.times,
             cached: taken.cached.as_ref(),
             mode,
         };
@@ -241,6 +254,7 @@ impl ShardRegistry {
         }
         for pos in &taken.deleted {
             st.deleted.remove(pos);
+            st.removed_at.remove(pos);
         }
         let covered = taken
             .chosen
@@ -269,6 +283,7 @@ struct ShardJob<'a> {
     format: &'a IndexFormat,
     chosen: &'a [Chosen],
     deleted: &'a BTreeSet<usize>,
+    times: &'a BTreeMap<usize, u64>,
     cached: Option<&'a StoredIndex>,
     mode: WriteMode,
 }
@@ -306,9 +321,22 @@ impl ShardJob<'_> {
         let mut builder = ShardBuilder::new(self.format.clone());
         if let Some(open) = &current {
             self.keep_stored(reg, &mut builder, &*open.file, &open.stored)?;
+            // (Not on an object store: one more GET per merge, for no reader there yet.)
+            let len = open.file.info().size;
+            if reg.store_is_backing
+                && let Some(old) = crate::shard::stamps::read(&*open.file, len, self.format)
+            {
+                builder.stamps_from(&old);
+            }
         }
         for (pos, _, _, segments) in self.chosen {
             builder.set(*pos, segments.clone());
+        }
+        for (pos, ns) in self.times {
+            builder.stamp(*pos, *ns);
+        }
+        if reg.store_is_backing && builder.holds_no_chunk() && others_journal(self.backing) {
+            builder.keep_when_empty();
         }
         let when = match (&current, self.mode) {
             (_, WriteMode::Replace) => Precondition::None,
@@ -447,6 +475,13 @@ impl ShardJob<'_> {
                 }
             }
         }
+        let mut stamps = vec![0; self.format.n_chunks()];
+        for (pos, ns) in self.times {
+            if let Some(s) = stamps.get_mut(*pos) {
+                *s = *ns;
+            }
+        }
+        tail.push(Bytes::from(crate::shard::stamps::encode(&stamps)));
         tail.push(Bytes::from(self.format.encode(&index)));
         (tail, index)
     }
@@ -497,6 +532,20 @@ impl ShardJob<'_> {
         Stats::add(&reg.stats.merges, 1);
         Ok(())
     }
+}
+
+/// Whether another mount's journal (live or dead) is in BACKING: a record in it may be
+/// older than a removal made here, so a shard left with no chunk keeps its stamps.
+fn others_journal(backing: &Backing) -> bool {
+    let dir = Path::new(crate::journal::JOURNAL_DIR);
+    let Ok(entries) = backing.list(dir) else {
+        return false;
+    };
+    entries
+        .iter()
+        .filter(|e| e.name.to_string_lossy().ends_with(".lock"))
+        .count()
+        > 1
 }
 
 /// The message of a caught panic.
