@@ -358,12 +358,7 @@ impl World {
                 self.model.get_mut(&from).unwrap().set(None);
             }
             Op::RenameOpen(from, to, sync) => self.rename_open(from, to, sync)?,
-            Op::Tensorstore(key) => {
-                let c = self.next(key);
-                self.model.get_mut(&key).unwrap().set(Some(c.clone()));
-                self.tensorstore_write(key, &c)?;
-                self.model.get_mut(&key).unwrap().sync();
-            }
+            Op::Tensorstore(key) => self.tensorstore_write(key)?,
             Op::Unlink(key) => {
                 io(fs::remove_file(self.chunk_path(key)), "unlink")?;
                 self.model.get_mut(&key).unwrap().set(None);
@@ -449,7 +444,16 @@ impl World {
         Ok(())
     }
 
-    fn tensorstore_write(&self, (a, k): Key, c: &[u8]) -> Result<(), String> {
+    /// Native tensorstore writes a new content of chunk `key`; durable once it returns.
+    fn tensorstore_write(&mut self, key: Key) -> Result<(), String> {
+        let c = self.next(key);
+        self.model.get_mut(&key).unwrap().set(Some(c.clone()));
+        self.run_tensorstore(key, &c)?;
+        self.model.get_mut(&key).unwrap().sync();
+        Ok(())
+    }
+
+    fn run_tensorstore(&self, (a, k): Key, c: &[u8]) -> Result<(), String> {
         let code = "import sys, numpy as np, tensorstore as ts\n\
                     path, k, data = sys.argv[1], int(sys.argv[2]), bytes.fromhex(sys.argv[3])\n\
                     spec = {'driver': 'zarr3', 'kvstore': {'driver': 'file', 'path': path}}\n\

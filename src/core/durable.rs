@@ -329,29 +329,28 @@ impl ShardFs {
             }
             _ => return Ok(Verdict::HeldHere(array)),
         }
-        // The shard says when its state at the chunk came: the later of the two stays,
-        // even when the chunk went back to the bytes (or the absence) the record went over.
-        match stamp {
-            Some(at) if at > r.at && stored == Was::of(r.data.as_deref()) => {
-                return Ok(Verdict::Superseded(array, "its shard holds it already"));
-            }
-            Some(at) if at > r.at => {
-                return Ok(Verdict::Superseded(array, "the chunk was written since"));
-            }
-            Some(_) => return Ok(Verdict::Apply(array)),
-            None => {}
+        Ok(over_shard(r, array, stored, stamp))
+    }
+}
+
+/// The verdict on record `r` from what the shard holds at its chunk (`stored`, and when it
+/// came there if the shard says: `stamp`). With a time, the later of the two stays, even
+/// when the chunk went back to the bytes (or the absence) the record went over; without
+/// one, the record goes in only over the state it went over.
+fn over_shard(r: &Replayed, array: Arc<ArrayState>, stored: Was, stamp: Option<u64>) -> Verdict {
+    let holds_it = stored == Was::of(r.data.as_deref());
+    match (stamp, r.was) {
+        (Some(at), _) if at > r.at && holds_it => {
+            Verdict::Superseded(array, "its shard holds it already")
         }
-        Ok(match r.was {
-            Was::Unknown => Verdict::Apply(array),
-            was if was == stored => Verdict::Apply(array),
-            _ if stored == Was::of(r.data.as_deref()) => {
-                Verdict::Superseded(array, "its shard holds it already")
-            }
-            _ => Verdict::Superseded(
-                array,
-                "the chunk was written since, by another mount or writer",
-            ),
-        })
+        (Some(at), _) if at > r.at => Verdict::Superseded(array, "the chunk was written since"),
+        (Some(_), _) | (None, Was::Unknown) => Verdict::Apply(array),
+        (None, was) if was == stored => Verdict::Apply(array),
+        (None, _) if holds_it => Verdict::Superseded(array, "its shard holds it already"),
+        (None, _) => Verdict::Superseded(
+            array,
+            "the chunk was written since, by another mount or writer",
+        ),
     }
 }
 

@@ -657,12 +657,15 @@ impl ShardFs {
                 self.inodes.detach(newparent, newname, None);
             }
         }
-        // A chunk that left a shard, or arrived closed, may complete it. A failed shard
-        // write (a full disk, a store gone) is the writer's to hear of, though the names
-        // have moved: the adapter then has the kernel drop both names. The chunks stay
-        // pending in memory.
+        self.complete_after_move([&mv.src, &new_kind])
+    }
+
+    /// A chunk that left a shard, or arrived closed, may complete it. A failed shard write
+    /// (a full disk, a store gone) is the writer's to hear of, though the names have moved:
+    /// the adapter then has the kernel drop both names. The chunks stay pending in memory.
+    fn complete_after_move(&self, kinds: [&NodeKind; 2]) -> Result<(), FsError> {
         let mut result = Ok(());
-        for kind in [&mv.src, &new_kind] {
+        for kind in kinds {
             if let NodeKind::Chunk { array, coords } = kind
                 && let Err(e) = self.complete_if_ready(array, coords, false)
             {

@@ -432,6 +432,26 @@ fn open_options(_flags: i32) -> fs::OpenOptions {
     o
 }
 
+fn set_times(full: &Path, atime: Option<TimeOrNow>, mtime: Option<TimeOrNow>) {
+    if atime.is_none() && mtime.is_none() {
+        return;
+    }
+    let when = |t: TimeOrNow| match t {
+        TimeOrNow::SpecificTime(t) => t,
+        TimeOrNow::Now => SystemTime::now(),
+    };
+    let mut times = fs::FileTimes::new();
+    if let Some(t) = atime {
+        times = times.set_accessed(when(t));
+    }
+    if let Some(t) = mtime {
+        times = times.set_modified(when(t));
+    }
+    if let Ok(f) = File::open(full) {
+        let _ = f.set_times(times);
+    }
+}
+
 fn reply_empty(reply: ReplyEmpty, r: Res<()>) {
     match r {
         Ok(()) => reply.ok(),
@@ -499,22 +519,7 @@ impl Filesystem for Layer {
                 };
                 self.change(&file, Change::Truncate(len))?;
             }
-            if atime.is_some() || mtime.is_some() {
-                let when = |t: TimeOrNow| match t {
-                    TimeOrNow::SpecificTime(t) => t,
-                    TimeOrNow::Now => SystemTime::now(),
-                };
-                let mut times = fs::FileTimes::new();
-                if let Some(t) = atime {
-                    times = times.set_accessed(when(t));
-                }
-                if let Some(t) = mtime {
-                    times = times.set_modified(when(t));
-                }
-                if let Ok(f) = File::open(&full) {
-                    let _ = f.set_times(times);
-                }
-            }
+            set_times(&full, atime, mtime);
             self.attr(&rel)
         })();
         match r {
