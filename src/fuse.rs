@@ -467,17 +467,7 @@ impl Filesystem for FuseAdapter {
                 .rename(parent.0, name, newparent.0, newname, flags)
         }) {
             Ok(()) => reply.ok(),
-            Err(e) => {
-                reply.error(errno(&e));
-                // A rename can fail after its names moved (the shard it completed could not
-                // be written: the writer must hear of it); the kernel keeps its old names on
-                // an error, so they are dropped, and the next lookup sees where things are.
-                // Only after the reply: the kernel holds the directories until then.
-                if let Some(n) = self.notifier.get() {
-                    let _ = n.inval_entry(parent, name);
-                    let _ = n.inval_entry(newparent, newname);
-                }
-            }
+            Err(e) => reply.error(errno(&e)),
         }
     }
 

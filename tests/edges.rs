@@ -382,11 +382,12 @@ fn a_retirement_refused_by_a_full_disk_fails_flush_and_rolls_nothing_back() {
 
 /// Found by attacking the fix: on a full disk a rename that completed a shard returned the
 /// shard write's ENOSPC though the names had moved, and the kernel kept the old name for the
-/// moved file: a write through it overwrote the fsynced chunk at the new name. The error
-/// still reaches the writer (its data is kept in memory), and the kernel's names are
-/// dropped with it, so every name then reads what it holds and writes go where they say.
+/// moved file: a write through it overwrote the fsynced chunk at the new name. A rename now
+/// happens whole (and succeeds) or not at all: one whose names moved succeeds and keeps the
+/// shard in memory; the next rename into the array retries that shard first and is refused
+/// with its error while the disk stays full, before any name moves.
 #[test]
-fn a_rename_failed_on_a_full_disk_leaves_no_stale_name() {
+fn a_rename_on_a_full_disk_happens_whole_or_not_at_all() {
     let args = ["--chunks-per-shard", "4"];
     let (d, _, _) = dirs();
     let tmpfs = common::mount::Tmpfs::new(&d.path().join("small"), "1M");
@@ -399,20 +400,15 @@ fn a_rename_failed_on_a_full_disk_leaves_no_stale_name() {
         want[k] = Some(k as u8 + 1);
     }
     fill_up(&backing);
-    let mut failed = 0;
+    let mut refused = 0;
     for k in (0..64).step_by(2) {
         let (from, to) = (a.join(format!("c/{k}")), a.join(format!("c/{}", k + 1)));
-        if fs::rename(&from, &to).is_err() {
-            failed += 1;
-            // The kernel's names are dropped just after the reply.
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let names: Vec<String> = fs::read_dir(a.join("c"))
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        if names.contains(&(k + 1).to_string()) {
-            want[k + 1] = want[k].take();
+        match fs::rename(&from, &to) {
+            Ok(()) => want[k + 1] = want[k].take(),
+            Err(e) => {
+                assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "rename {k}");
+                refused += 1;
+            }
         }
         let _ = fs::File::open(a.join("c")).and_then(|f| f.sync_all());
         for j in [k, k + 1] {
@@ -424,7 +420,7 @@ fn a_rename_failed_on_a_full_disk_leaves_no_stale_name() {
             );
         }
     }
-    assert!(failed > 0, "no rename met the full disk");
+    assert!(refused > 0, "no rename was refused on the full disk");
     fs::remove_file(backing.join("fill")).unwrap();
     // Written through whatever names the kernel holds now: they must be the true ones.
     for k in [3usize, 2] {
@@ -436,7 +432,7 @@ fn a_rename_failed_on_a_full_disk_leaves_no_stale_name() {
         assert_eq!(got, v.map(|v| vec![v; 16]), "chunk {k} before the crash");
     }
     let m = crash_and_remount(m, &args);
-    // (What moved in a failed rename waited in memory, and may be lost: not fsynced.)
+    // (What moved while the disk was full waited in memory, not fsynced: it may be lost.)
     for k in [2usize, 3] {
         let got = fs::read(m.path(&format!("a/c/{k}"))).ok();
         assert_eq!(
@@ -499,6 +495,77 @@ fn a_dead_mounts_record_never_replays_over_a_chunk_written_and_put_back() {
     check(&m, "after a remount");
     assert_ok(&m.unmount(&[]), "unmount");
     verify(&backing);
+}
+
+/// Found by reviewing the stamps: opening a stored chunk for writing without changing it
+/// (`touch`) on another mount gave its copy the time of the open, which its shard then
+/// carried, and a dead mount's later fsync of the chunk was taken for older. An unchanged
+/// content keeps the time its shard gives it.
+#[test]
+fn a_chunk_opened_unchanged_on_another_mount_never_hides_a_later_fsync() {
+    let args = ["--chunks-per-shard", "4", "--idle-flush", "600"];
+    let (_d, backing, _) = dirs();
+    let a = Mounted::new(&backing, &args, LIMIT);
+    array(&a, "a", LINE);
+    fs::create_dir_all(a.path("a/c")).unwrap();
+    fs::write(a.path("a/c/0"), [1; 16]).unwrap();
+    fs::write(a.path("a/c/1"), [9; 16]).unwrap();
+    flush(&a);
+    let b = Mounted::new(&backing, &args, LIMIT);
+    write_synced(&a.path("a/c/0"), &[2; 16]);
+    drop(
+        fs::OpenOptions::new()
+            .write(true)
+            .open(b.path("a/c/0"))
+            .unwrap(),
+    );
+    flush(&b);
+    a.kill_daemon();
+    let _ = a.unmount(&[]);
+    let start = std::time::Instant::now();
+    while journals(&backing) > 1 {
+        assert!(start.elapsed() < Duration::from_secs(20), "not taken over");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(
+        fs::read(b.path("a/c/0")).unwrap(),
+        vec![2; 16],
+        "the fsync lost"
+    );
+    assert_ok(&b.unmount(&[]), "unmount b");
+    verify(&backing);
+}
+
+/// Found by reviewing the stamps: with another mount's journal in BACKING, shards left with
+/// no chunk stay (for their times) in hidden key directories, and `rm -r` of the key
+/// directory of a 2-D array left them behind. They go with it.
+#[test]
+fn rm_r_of_a_key_directory_leaves_nothing_behind_beside_another_mount() {
+    let args = ["--chunks-per-shard", "2", "--idle-flush", "600"];
+    let (_d, backing, _) = dirs();
+    let a = Mounted::new(&backing, &args, LIMIT);
+    let doc = SQUARE.replace("[16,16]", "[32,32]");
+    let arr = array(&a, "a", &doc);
+    let b = Mounted::new(&backing, &args, LIMIT);
+    for (i, j) in (0..4).flat_map(|i| (0..4).map(move |j| (i, j))) {
+        fs::create_dir_all(arr.join(format!("c/{i}"))).unwrap();
+        fs::write(arr.join(format!("c/{i}/{j}")), [i * 4 + j + 1; 64]).unwrap();
+    }
+    flush(&a);
+    for (i, j) in (0..2).flat_map(|i| (0..4).map(move |j| (i, j))) {
+        fs::remove_file(arr.join(format!("c/{i}/{j}"))).unwrap();
+    }
+    flush(&a);
+    fs::remove_dir_all(b.path("a/c")).unwrap();
+    flush(&b);
+    let left: Vec<String> = fs::read_dir(backing.join("a"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, ["zarr.json"], "left in BACKING");
+    for m in [a, b] {
+        assert_ok(&m.unmount(&[]), "unmount");
+    }
 }
 
 /// How many journals BACKING holds.

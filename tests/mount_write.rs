@@ -618,8 +618,8 @@ fn a_full_backing_store_fails_the_writer_and_loses_nothing() {
     let (d, _, out) = dirs();
     let tmp = common::mount::Tmpfs::new(&d.path().join("small"), "3m");
     let backing = tmp.0.clone();
-    // Leave about 1 MiB free.
-    fs::write(backing.join("filler"), vec![1u8; 2 * 1024 * 1024]).unwrap();
+    // Leave about half a MiB free: half of the writer's data.
+    fs::write(backing.join("filler"), vec![1u8; 5 * 512 * 1024]).unwrap();
     let m = Mounted::new(&backing, &["--chunks-per-shard", "2"], LIMIT);
     let w = writer("fill-up", &m.mountpoint, &out);
     assert_ok(&w, "fill-up writer");

@@ -490,7 +490,12 @@ impl ShardFs {
     /// Removes a key directory that shows no chunk from BACKING too, so that it does not
     /// come back when the array's `zarr.json` goes (`rm -r` would then find it). Shard
     /// files of deleted chunks still in it are written (removed) first.
-    fn remove_key_dir(&self, array: &ArrayState, rel: &Path) -> Result<(), FsError> {
+    fn remove_key_dir(
+        &self,
+        array: &ArrayState,
+        node: &KeyNode,
+        rel: &Path,
+    ) -> Result<(), FsError> {
         let gone = |r: std::io::Result<()>| match r {
             Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) => Ok(false),
             Err(e) if crate::backing::is_absent(&e) => Ok(true),
@@ -498,12 +503,9 @@ impl ShardFs {
         };
         if !gone(self.backing.remove_dir(rel))? {
             self.flush_array_at(&array.rel)?;
-            for e in self.backing.list(rel)? {
-                let path = rel.join(&e.name);
-                if !e.kind.is_dir() && self.holds_no_chunk(array, &path) {
-                    let _ = self.backing.remove_file(&path);
-                }
-            }
+            // What is left the mount does not show: shards holding no chunk, and hidden key
+            // directories of them, at any depth.
+            self.prune_key_dirs(array, rel, node);
             gone(self.backing.remove_dir(rel))?;
         }
         Ok(())
@@ -585,7 +587,7 @@ impl ShardFs {
                     return Err(FsError::NotEmpty);
                 }
                 self.temps.remove_dir(&rel);
-                self.remove_key_dir(array, &rel)?;
+                self.remove_key_dir(array, node, &rel)?;
             }
             // Its zarr.json is still there.
             NodeKind::ArrayDir(_) => return Err(FsError::NotEmpty),
@@ -649,6 +651,7 @@ impl ShardFs {
                 mv.to,
             );
         }
+        self.no_failed_shards(&mv)?;
         let src_ino = self.inodes.peek(parent, name);
         let new_kind = self.move_name(&mv, src_ino)?;
         match src_ino {
@@ -660,19 +663,32 @@ impl ShardFs {
         self.complete_after_move([&mv.src, &new_kind])
     }
 
-    /// A chunk that left a shard, or arrived closed, may complete it. A failed shard write
-    /// (a full disk, a store gone) is the writer's to hear of, though the names have moved:
-    /// the adapter then has the kernel drop both names. The chunks stay pending in memory.
+    /// A chunk that left a shard, or arrived closed, may complete it. The names have moved
+    /// by now, so a failed shard write (a full disk, a store gone) is not this rename's to
+    /// report: an error would leave the kernel with the old names, one of them reaching
+    /// the moved file. The chunks stay pending in memory; the writer hears of it at its
+    /// next rename into the array (`no_failed_shards`), fsync or flush.
     fn complete_after_move(&self, kinds: [&NodeKind; 2]) -> Result<(), FsError> {
-        let mut result = Ok(());
         for kind in kinds {
             if let NodeKind::Chunk { array, coords } = kind
                 && let Err(e) = self.complete_if_ready(array, coords, false)
             {
-                result = result.and(Err(e));
+                warn!(array = %array.rel.display(), "shard write after a rename failed, chunks kept in memory: {e}");
             }
         }
-        result
+        Ok(())
+    }
+
+    /// Before a rename onto a chunk key: a shard of that array whose write failed is tried
+    /// again, and while it still fails the rename is refused with its error, before any
+    /// name moves. So a writer that renames its chunks into place (zarr-python, tensorstore)
+    /// hears of a full disk or a store gone at its next chunk.
+    fn no_failed_shards(&self, mv: &Move) -> Result<(), FsError> {
+        let Place::Chunk(array, _) = &mv.place else {
+            return Ok(());
+        };
+        self.shards
+            .write_below(&self.backing, &array.rel, &[], |st| st.failed())
     }
 
     /// Moves what `mv.src` names to its new place; returns what the new name is then.

@@ -366,8 +366,18 @@ mod stamp_tests {
             let r = index.get(1).unwrap();
             assert_eq!(&file[r.offset as usize..r.end() as usize], b"abc");
             assert_eq!(
-                stamps::read(&file[..], file.len() as u64, &format),
+                stamps::read(&file[..], file.len() as u64, &format, &index),
                 Some(vec![0, 11, 22, 0])
+            );
+            // A chunk whose own bytes end like a block is not taken for one.
+            let forged = stamps::encode(&[9; 4]);
+            let mut native = ShardBuilder::new(format.clone());
+            native.set(3, vec![Bytes::from(forged)]);
+            let file = native.build().unwrap().to_vec();
+            let index = read_index(&file[..], file.len() as u64, &format).unwrap();
+            assert_eq!(
+                stamps::read(&file[..], file.len() as u64, &format, &index),
+                None
             );
             let mut empty = ShardBuilder::new(format.clone());
             empty.stamp(0, 5);

@@ -10,7 +10,7 @@
 //! the times and `n` (u32), and the magic `shfsstmp`.
 
 use super::file::ReadAt;
-use super::index::{IndexFormat, IndexLocation};
+use super::index::{ChunkRange, IndexFormat, IndexLocation, ShardIndex};
 
 const MAGIC: &[u8; 8] = b"shfsstmp";
 const FOOTER: u64 = 16;
@@ -60,12 +60,23 @@ fn block_end(format: &IndexFormat, file_len: u64) -> Option<u64> {
     }
 }
 
-/// The times a shard file holds, if shardfs wrote them (`None` for any other shard).
-pub fn read<R: ReadAt + ?Sized>(file: &R, file_len: u64, format: &IndexFormat) -> Option<Vec<u64>> {
+/// The times a shard file holds, if shardfs wrote them (`None` for any other shard). Only
+/// bytes that no range of `index` names can be a block: a chunk's own bytes (of a shard
+/// another tool wrote) never pass for one, whatever they hold.
+pub fn read<R: ReadAt + ?Sized>(
+    file: &R,
+    file_len: u64,
+    format: &IndexFormat,
+    index: &ShardIndex,
+) -> Option<Vec<u64>> {
     let n = format.n_chunks();
     let end = block_end(format, file_len)?;
     let start = end.checked_sub(block_len(n))?;
     if matches!(format.location, IndexLocation::Start) && start < format.encoded_len() {
+        return None;
+    }
+    let outside = |r: ChunkRange| r.nbytes == 0 || r.end() <= start || r.offset >= end;
+    if !index.present().all(|(_, r)| outside(r)) {
         return None;
     }
     let mut buf = vec![0u8; block_len(n) as usize];

@@ -208,20 +208,21 @@ def spread(root, out):
 
 
 def fill_up(root, out):
-    """Writes chunk by chunk until the backing store is full; saves what was written up to
-    and including the failing region (its chunk stays pending in the mount)."""
+    """Writes chunk by chunk until the backing store is full; saves what was written before
+    the failing region. (A shard that could not be written keeps its chunks pending in the
+    mount, and the next chunk renamed into the array is refused, never reaching it.)"""
     shape, chunks = (1024, 1024), (256, 256)
     data = sample(shape, "uint8", 40, holes=False)
     a = zarr_array(root, "full", shape, chunks, "uint8")
     expected = np.zeros(shape, "uint8")
     failed = None
     for k, r in enumerate(regions(shape, chunks)):
-        expected[r] = data[r]
         try:
             a[r] = data[r]
         except OSError as e:
             failed = (k, e.errno, str(e))
             break
+        expected[r] = data[r]
     save(out, "full", expected)
     print(json.dumps({"failed_region": failed and failed[0],
                       "errno": failed and failed[1],

@@ -126,6 +126,11 @@ impl ShardState {
         self.pending.is_empty() && self.deleted.is_empty()
     }
 
+    /// Its last write failed, and what it was to write still waits.
+    pub(crate) fn failed(&self) -> bool {
+        self.failure.is_some() && !self.clean()
+    }
+
     /// Whether a deletion here would come back after a crash: the shard file (as last
     /// seen) holds the chunk, or the journal holds a content of it and no removal after.
     pub(crate) fn deletion_to_write(&self) -> bool {
@@ -586,6 +591,9 @@ impl ShardRegistry {
             }
             return Ok(m);
         }
+        // The stored content, opened unchanged, keeps the time its shard gives it (0: not
+        // known); anything else is a new content of the chunk, from now.
+        let mut since = None;
         let base = if truncate || st.deleted.contains(&loc.pos) {
             FileData::default()
         } else {
@@ -593,9 +601,25 @@ impl ShardRegistry {
                 None => FileData::default(),
                 Some(OpenShard { file, stored }) => match stored.index {
                     Ok(index) => match index.get(loc.pos) {
-                        Some(range) => FileData::from_bytes(Bytes::from(
-                            crate::shard::read_chunk_part(&file, range, 0, range.nbytes)?,
-                        )),
+                        Some(range) => {
+                            let len = file.info().size;
+                            // (Not on an object store: one more GET per open.)
+                            since = Some(
+                                Some(&*file)
+                                    .filter(|_| self.store_is_backing)
+                                    .and_then(|f| {
+                                        crate::shard::stamps::read(f, len, &stored.format, &index)
+                                    })
+                                    .and_then(|s| s.get(loc.pos).copied())
+                                    .unwrap_or(0),
+                            );
+                            FileData::from_bytes(Bytes::from(crate::shard::read_chunk_part(
+                                &file,
+                                range,
+                                0,
+                                range.nbytes,
+                            )?))
+                        }
                         None => FileData::default(),
                     },
                     Err(reason) => {
@@ -609,6 +633,9 @@ impl ShardRegistry {
             }
         };
         let m = Arc::new(MemFile::new(base, 0o644));
+        if let Some(t) = since {
+            m.with(|s| s.changed = t);
+        }
         self.charge(m.len() as i64);
         st.deleted.remove(&loc.pos);
         st.removed_at.remove(&loc.pos);

@@ -225,7 +225,8 @@ impl ShardRegistry {
     fn stored_stamp(&self, slot: &ShardSlot, pos: usize, st: &mut ShardState) -> Option<u64> {
         let open = self.open_stored(slot, &slot.shard, st).ok()??;
         let len = open.file.info().size;
-        let stamps = crate::shard::stamps::read(&*open.file, len, &open.stored.format)?;
+        let index = open.stored.index.as_ref().ok()?;
+        let stamps = crate::shard::stamps::read(&*open.file, len, &open.stored.format, index)?;
         stamps.get(pos).copied().filter(|s| *s != 0)
     }
 

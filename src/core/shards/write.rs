@@ -324,7 +324,8 @@ impl ShardJob<'_> {
             // (Not on an object store: one more GET per merge, for no reader there yet.)
             let len = open.file.info().size;
             if reg.store_is_backing
-                && let Some(old) = crate::shard::stamps::read(&*open.file, len, self.format)
+                && let Ok(index) = &open.stored.index
+                && let Some(old) = crate::shard::stamps::read(&*open.file, len, self.format, index)
             {
                 builder.stamps_from(&old);
             }
