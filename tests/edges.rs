@@ -498,27 +498,36 @@ fn a_dead_mounts_record_never_replays_over_a_chunk_written_and_put_back() {
 }
 
 /// Found by reviewing the stamps: opening a stored chunk for writing without changing it
-/// (`touch`) on another mount gave its copy the time of the open, which its shard then
-/// carried, and a dead mount's later fsync of the chunk was taken for older. An unchanged
-/// content keeps the time its shard gives it.
+/// (`touch`), or truncating it to its own size, on another mount gave it a new time, which
+/// its shard then carried, and a dead mount's later fsync of the chunk was taken for older.
+/// A content keeps its time until the content changes.
 #[test]
 fn a_chunk_opened_unchanged_on_another_mount_never_hides_a_later_fsync() {
     let args = ["--chunks-per-shard", "4", "--idle-flush", "600"];
     let (_d, backing, _) = dirs();
     let a = Mounted::new(&backing, &args, LIMIT);
-    array(&a, "a", LINE);
-    fs::create_dir_all(a.path("a/c")).unwrap();
-    fs::write(a.path("a/c/0"), [1; 16]).unwrap();
-    fs::write(a.path("a/c/1"), [9; 16]).unwrap();
+    for name in ["opened", "truncated"] {
+        array(&a, name, LINE);
+        fs::create_dir_all(a.path(name).join("c")).unwrap();
+        fs::write(a.path(&format!("{name}/c/0")), [1; 16]).unwrap();
+        fs::write(a.path(&format!("{name}/c/1")), [9; 16]).unwrap();
+    }
     flush(&a);
     let b = Mounted::new(&backing, &args, LIMIT);
-    write_synced(&a.path("a/c/0"), &[2; 16]);
+    write_synced(&a.path("opened/c/0"), &[2; 16]);
+    write_synced(&a.path("truncated/c/0"), &[2; 16]);
     drop(
         fs::OpenOptions::new()
             .write(true)
-            .open(b.path("a/c/0"))
+            .open(b.path("opened/c/0"))
             .unwrap(),
     );
+    let t = fs::OpenOptions::new()
+        .write(true)
+        .open(b.path("truncated/c/0"))
+        .unwrap();
+    t.set_len(16).unwrap();
+    drop(t);
     flush(&b);
     a.kill_daemon();
     let _ = a.unmount(&[]);
@@ -527,13 +536,50 @@ fn a_chunk_opened_unchanged_on_another_mount_never_hides_a_later_fsync() {
         assert!(start.elapsed() < Duration::from_secs(20), "not taken over");
         std::thread::sleep(Duration::from_millis(200));
     }
-    assert_eq!(
-        fs::read(b.path("a/c/0")).unwrap(),
-        vec![2; 16],
-        "the fsync lost"
-    );
+    for name in ["opened", "truncated"] {
+        let got = fs::read(b.path(&format!("{name}/c/0"))).unwrap();
+        assert_eq!(got, vec![2; 16], "{name}: the fsync lost");
+    }
     assert_ok(&b.unmount(&[]), "unmount b");
     verify(&backing);
+}
+
+/// Found by reviewing the stamps: on a full disk an unlink that completed a shard returned
+/// the shard write's ENOSPC though the chunk was gone, and the kernel kept its name. The
+/// unlink succeeds; the removal waits in memory and lands once there is room.
+#[test]
+fn an_unlink_on_a_full_disk_succeeds_and_the_name_is_gone() {
+    let args = ["--chunks-per-shard", "4"];
+    let (d, _, _) = dirs();
+    let tmpfs = common::mount::Tmpfs::new(&d.path().join("small"), "1M");
+    let backing = tmpfs.0.clone();
+    let m = Mounted::new(&backing, &args, LIMIT);
+    let a = array(&m, "a", LINE);
+    fs::create_dir_all(a.join("c")).unwrap();
+    fill_up(&backing);
+    for k in 4..8 {
+        // The last close completes the shard, whose write fails: it says so.
+        let _ = fs::write(a.join(format!("c/{k}")), [k as u8; 16]);
+    }
+    fs::remove_file(a.join("c/4")).unwrap();
+    assert!(
+        fs::metadata(a.join("c/4")).is_err(),
+        "the kernel kept the name"
+    );
+    let names: Vec<String> = fs::read_dir(a.join("c"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(!names.contains(&"4".to_string()), "{names:?}");
+    fs::remove_file(backing.join("fill")).unwrap();
+    flush(&m);
+    assert_ok(&m.unmount(&[]), "unmount");
+    let m = Mounted::new(&backing, &args, LIMIT);
+    assert!(!m.path("a/c/4").exists(), "the removed chunk came back");
+    for k in 5..8u8 {
+        assert_eq!(fs::read(m.path(&format!("a/c/{k}"))).unwrap(), vec![k; 16]);
+    }
+    assert_ok(&m.unmount(&[]), "unmount");
 }
 
 /// Found by reviewing the stamps: with another mount's journal in BACKING, shards left with

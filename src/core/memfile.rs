@@ -79,6 +79,18 @@ impl FileData {
         self.len = self.len.max(end);
     }
 
+    /// What the content is made of (where each extent lies and which bytes it is): equal
+    /// before and after a change that changed nothing (a truncation to its own length).
+    fn shape(&self) -> (u64, Vec<(u64, usize, usize)>) {
+        let extents = self.extents.iter();
+        (
+            self.len,
+            extents
+                .map(|(o, b)| (*o, b.as_ptr() as usize, b.len()))
+                .collect(),
+        )
+    }
+
     pub fn truncate(&mut self, len: u64) {
         self.extents.retain_mut(|(o, b)| {
             if *o >= len {
@@ -228,11 +240,15 @@ impl MemFile {
             return None;
         }
         let before = s.data.len() as i64;
+        let shape = s.data.shape();
         f(&mut s.data);
         s.touched = Some(Instant::now());
         s.version += 1;
         s.mtime = SystemTime::now();
-        s.changed = now_ns();
+        // Its content's time moves only with its content (`shard::stamps`).
+        if s.data.shape() != shape {
+            s.changed = now_ns();
+        }
         Some(s.data.len() as i64 - before)
     }
 

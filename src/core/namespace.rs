@@ -467,7 +467,13 @@ impl ShardFs {
                 if !self.shards.delete(&self.backing, array, coords)? {
                     return Err(FsError::NotFound);
                 }
-                return self.complete_if_ready(array, coords, false);
+                // The name is gone: a shard that cannot be written now (a full disk) is
+                // not this unlink's failure (an error would leave the kernel the name);
+                // the removal waits in memory, and the next fsync or flush reports it.
+                if let Err(e) = self.complete_if_ready(array, coords, false) {
+                    warn!(array = %array.rel.display(), "shard write after an unlink failed, kept in memory: {e}");
+                }
+                return Ok(());
             }
             NodeKind::Temp(_) => {
                 self.detach_name(parent, name, &kind, &rel);
@@ -651,7 +657,7 @@ impl ShardFs {
                 mv.to,
             );
         }
-        self.no_failed_shards(&mv)?;
+        self.no_failed_shards(&mv.place)?;
         let src_ino = self.inodes.peek(parent, name);
         let new_kind = self.move_name(&mv, src_ino)?;
         match src_ino {
@@ -679,12 +685,12 @@ impl ShardFs {
         Ok(())
     }
 
-    /// Before a rename onto a chunk key: a shard of that array whose write failed is tried
-    /// again, and while it still fails the rename is refused with its error, before any
-    /// name moves. So a writer that renames its chunks into place (zarr-python, tensorstore)
-    /// hears of a full disk or a store gone at its next chunk.
-    fn no_failed_shards(&self, mv: &Move) -> Result<(), FsError> {
-        let Place::Chunk(array, _) = &mv.place else {
+    /// Before a rename or link onto a chunk key: a shard of that array whose write failed is
+    /// tried again, and while it still fails the rename is refused with its error, before
+    /// any name moves. So a writer that renames (or links) its chunks into place
+    /// (zarr-python, tensorstore) hears of a full disk or a store gone at its next chunk.
+    fn no_failed_shards(&self, place: &Place) -> Result<(), FsError> {
+        let Place::Chunk(array, _) = place else {
             return Ok(());
         };
         self.shards
@@ -957,6 +963,7 @@ impl ShardFs {
         if self.exists(&dp, newname)? {
             return Err(FsError::Exists);
         }
+        self.no_failed_shards(&place)?;
         let kind = match (&src.kind, &place) {
             (
                 NodeKind::File | NodeKind::Symlink | NodeKind::Other,
