@@ -77,23 +77,6 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> DaemonError + '_ {
     }
 }
 
-/// Where a daemon writes its status when it exits.
-fn runtime_dir() -> PathBuf {
-    // SAFETY: geteuid has no preconditions.
-    let uid = unsafe { libc::geteuid() };
-    std::env::temp_dir().join(format!("shardfs-{uid}"))
-}
-
-/// The default log file of the daemon serving `mountpoint`.
-pub fn default_log_file(mountpoint: &Path) -> PathBuf {
-    let name: String = mountpoint
-        .to_string_lossy()
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .collect();
-    runtime_dir().join(format!("{name}.log"))
-}
-
 /// The mount entry for `path` in /proc/self/mountinfo: its filesystem type and source.
 fn mount_type(path: &Path) -> Option<(String, String)> {
     let info = fs::read_to_string("/proc/self/mountinfo").ok()?;
@@ -161,13 +144,14 @@ pub fn spawn_daemon(
 ) -> Result<(), DaemonError> {
     check_mountpoint(&config.mountpoint, &config.backing)?;
     if let Some(dir) = log_file.parent() {
-        fs::create_dir_all(dir).map_err(io_err(dir))?;
+        // The default place must be private; a directory of the user's choice is theirs.
+        match dir == crate::runtime::dir() {
+            true => crate::runtime::ensure_private(dir),
+            false => fs::create_dir_all(dir),
+        }
+        .map_err(io_err(dir))?;
     }
-    let log = fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log_file)
-        .map_err(io_err(log_file))?;
+    let log = crate::runtime::open_log(log_file).map_err(io_err(log_file))?;
     let mut fds = [0; 2];
     // SAFETY: `fds` has room for the two descriptors pipe2 writes.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -308,9 +292,9 @@ pub fn run_foreground(config: &MountConfig, ready: Option<OwnedFd>) -> Result<()
         return Err(e);
     }
     let backing = fs::canonicalize(&config.backing).map_err(io_err(&config.backing))?;
-    let status_file = runtime_dir().join(format!("{}.status", std::process::id()));
+    let status_file = crate::runtime::dir().join(format!("{}.status", std::process::id()));
     if let Some(dir) = status_file.parent() {
-        private_dir(dir).map_err(io_err(dir))?;
+        crate::runtime::ensure_private(dir).map_err(io_err(dir))?;
     }
     let _ = fs::remove_file(&status_file);
     sweep_status_files(status_file.parent());
@@ -509,7 +493,7 @@ fn finish(
         (Err(e), true) => format!("session ended with an error: {e}\n"),
     };
     info!("unmounted: {}", status.trim());
-    if let Err(e) = write_private(status_file, status.as_bytes()) {
+    if let Err(e) = crate::runtime::write_private(status_file, status.as_bytes()) {
         error!("status file {} not written: {e}", status_file.display());
     }
     match (result, failed.is_empty()) {
@@ -517,39 +501,6 @@ fn finish(
         (Err(e), _) => Err(io_err(mountpoint)(e)),
         (Ok(()), false) => Err(DaemonError::Unclean(status.trim().to_string())),
     }
-}
-
-/// Makes `dir` (in a shared temporary directory) ours alone: a directory, not a link,
-/// owned by us, mode 0700. Anything else there is refused: another user may have put it.
-fn private_dir(dir: &Path) -> io::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
-    match fs::DirBuilder::new().mode(0o700).create(dir) {
-        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
-        _ => {}
-    }
-    let m = fs::symlink_metadata(dir)?;
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
-    if !m.is_dir() || m.uid() != me {
-        return Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            "not a directory of ours (remove it, or set TMPDIR elsewhere)",
-        ));
-    }
-    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
-}
-
-/// Writes a file of ours, never through a link.
-fn write_private(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)?
-        .write_all(bytes)
 }
 
 /// Removes the status files of daemons that are gone, once nobody can still be waiting to

@@ -12,6 +12,8 @@ pub mod errno;
 pub mod fuse;
 pub mod grid;
 pub mod journal;
+pub mod logging;
+pub mod runtime;
 pub mod shard;
 pub mod store;
 pub mod zarr;

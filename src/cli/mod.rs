@@ -117,7 +117,8 @@ struct MountArgs {
     /// Stay attached and log to stderr.
     #[arg(long)]
     foreground: bool,
-    /// The daemon's log file [default: $TMPDIR/shardfs-UID/<mountpoint>.log].
+    /// The daemon's log file [default: <runtime dir>/<mountpoint>.log; the runtime dir is
+    /// /run/shardfs for root, else $XDG_RUNTIME_DIR/shardfs, else $TMPDIR/shardfs-UID].
     #[arg(long)]
     log_file: Option<PathBuf>,
     /// Threads serving requests.
@@ -224,7 +225,8 @@ fn report_daemon(result: Result<(), crate::daemon::DaemonError>) -> ExitCode {
 
 /// `argv`: the command line in `shardfs mount …` form (the daemon gets it too).
 fn mount(args: MountArgs, argv: Vec<std::ffi::OsString>) -> ExitCode {
-    use crate::daemon::{MountConfig, default_log_file, run_foreground, spawn_daemon};
+    use crate::daemon::{MountConfig, run_foreground, spawn_daemon};
+    use crate::runtime::default_log_file;
     use std::os::fd::{FromRawFd, OwnedFd};
 
     // Canonical paths: the mount table and the checks compare them byte for byte. A dead
@@ -274,7 +276,7 @@ fn mount(args: MountArgs, argv: Vec<std::ffi::OsString>) -> ExitCode {
         return ExitCode::from(2);
     }
     if args.foreground {
-        init_logging();
+        let _log = crate::logging::init();
         // SAFETY: the parent passed this descriptor for us alone.
         let ready = args.ready_fd.map(|fd| unsafe { OwnedFd::from_raw_fd(fd) });
         return report_daemon(run_foreground(&config, ready));
@@ -318,17 +320,6 @@ fn default_cache_dir(url: &str) -> PathBuf {
         })
         .collect();
     Path::new("/var/cache/shardfs").join(name)
-}
-
-/// Logs go to stderr (the log file, for a background daemon); SHARDFS_LOG sets the filter.
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("SHARDFS_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,fuser=error"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .try_init();
 }
 
 pub fn main() -> ExitCode {

@@ -50,6 +50,9 @@ pub struct StatsReport {
     pub temp_files_persisted: u64,
     #[serde(default)]
     pub panics: u64,
+    /// Log lines dropped because the log could not keep up (`logging`).
+    #[serde(default)]
+    pub log_lines_dropped: u64,
     /// Requests refused for breaking one of the mount's rules (each logged with its fix).
     #[serde(default)]
     pub refusals: u64,
@@ -87,6 +90,7 @@ impl Stats {
             write_errors: get(&self.write_errors),
             temp_files_persisted: get(&self.temp_files_persisted),
             panics: get(&self.panics),
+            log_lines_dropped: crate::logging::dropped(),
             ..StatsReport::default()
         }
     }

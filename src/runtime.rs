@@ -1,0 +1,162 @@
+//! The daemon's runtime files: its private directory (status files, default logs) and the
+//! log file. On a shared machine these are where another local user would attack a root
+//! daemon (a directory made first, a symlink or FIFO where the log goes), so the directory
+//! must be ours and closed to others, and nothing in it is opened through a link or as
+//! anything but a regular file.
+//!
+//! Where: `$SHARDFS_RUNTIME_DIR` if set; else `/run/shardfs` for root; else
+//! `$XDG_RUNTIME_DIR/shardfs`; else `$TMPDIR/shardfs-UID`.
+
+use std::fs::{self, File};
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() }
+}
+
+/// The private directory's path (not made yet: `ensure_private`).
+pub fn dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("SHARDFS_RUNTIME_DIR") {
+        return PathBuf::from(d);
+    }
+    if euid() == 0 {
+        return PathBuf::from("/run/shardfs");
+    }
+    match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(x) if !x.is_empty() => PathBuf::from(x).join("shardfs"),
+        _ => std::env::temp_dir().join(format!("shardfs-{}", euid())),
+    }
+}
+
+/// Makes `dir` (mode 0700) or checks the one there: a directory (not a link) owned by us
+/// that nobody else can enter. Anything else is refused, never used or tightened: someone
+/// else may hold it open already.
+pub fn ensure_private(dir: &Path) -> io::Result<()> {
+    match fs::DirBuilder::new().mode(0o700).create(dir) {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+        _ => {}
+    }
+    let m = fs::symlink_metadata(dir)?;
+    let why = if !m.is_dir() {
+        Some("it is not a directory".to_string())
+    } else if m.uid() != euid() {
+        Some(format!("it belongs to uid {}, not {}", m.uid(), euid()))
+    } else if m.mode() & 0o077 != 0 {
+        Some(format!("others may use it (mode {:o})", m.mode() & 0o7777))
+    } else {
+        None
+    };
+    match why {
+        None => Ok(()),
+        Some(why) => Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "runtime directory {} refused: {why}; remove it, or set SHARDFS_RUNTIME_DIR \
+                 to a directory of your own (mode 0700)",
+                dir.display()
+            ),
+        )),
+    }
+}
+
+/// The default log file of the daemon serving `mountpoint`, in the private directory.
+pub fn default_log_file(mountpoint: &Path) -> PathBuf {
+    let name: String = mountpoint
+        .to_string_lossy()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    dir().join(format!("{name}.log"))
+}
+
+/// Opens `path` for appending log lines (made 0600 if new): never through a symlink, never
+/// blocking on the open (a FIFO would), and only a regular file is accepted.
+pub fn open_log(path: &Path) -> io::Result<File> {
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)?;
+    let kind = file.metadata()?.file_type();
+    if !kind.is_file() {
+        let what = if kind.is_fifo() {
+            "a FIFO"
+        } else {
+            "not a regular file"
+        };
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("log file {} refused: it is {what}", path.display()),
+        ));
+    }
+    Ok(file)
+}
+
+/// Writes a file of ours (0600), never through a link.
+pub fn write_private(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)?
+        .write_all(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_directory_others_can_use_is_refused_and_left_alone() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let ours = d.path().join("ours");
+        ensure_private(&ours).unwrap();
+        assert_eq!(fs::metadata(&ours).unwrap().mode() & 0o777, 0o700);
+        let open = d.path().join("open");
+        fs::create_dir(&open).unwrap();
+        fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).unwrap();
+        let e = ensure_private(&open).unwrap_err();
+        assert!(e.to_string().contains("others may use it"), "{e}");
+        assert_eq!(
+            fs::metadata(&open).unwrap().mode() & 0o777,
+            0o777,
+            "tightened"
+        );
+        let link = d.path().join("link");
+        std::os::unix::fs::symlink(&ours, &link).unwrap();
+        assert!(ensure_private(&link).is_err(), "a symlink is not ours");
+    }
+
+    #[test]
+    fn a_log_is_never_opened_through_a_link_or_as_a_fifo() {
+        let d = tempfile::tempdir().unwrap();
+        let victim = d.path().join("victim");
+        fs::write(&victim, b"keep").unwrap();
+        let link = d.path().join("link.log");
+        std::os::unix::fs::symlink(&victim, &link).unwrap();
+        assert!(open_log(&link).is_err());
+        assert_eq!(fs::read(&victim).unwrap(), b"keep");
+        let fifo = d.path().join("fifo.log");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid C string.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o666) }, 0);
+        // Someone reads it (else the open alone fails, with ENXIO).
+        let _reader = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&fifo)
+            .unwrap();
+        let e = open_log(&fifo).unwrap_err();
+        assert!(e.to_string().contains("FIFO"), "{e}");
+        let ok = d.path().join("ok.log");
+        open_log(&ok).unwrap().write_all(b"line\n").unwrap();
+        assert_eq!(fs::metadata(&ok).unwrap().mode() & 0o777, 0o600);
+    }
+}

@@ -1,0 +1,195 @@
+//! A root daemon on a shared machine: what another local user can prepare before it starts
+//! (its runtime directory, a link or FIFO where its log goes) is refused with a clear
+//! error, and a log that cannot be written (a pipe nobody reads, or one closed) never
+//! blocks or takes down the mount.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::mount::{dirs, is_mounted, run_timeout};
+
+const LIMIT: Duration = Duration::from_secs(30);
+
+/// `shardfs mount BACKING MNT` (background, default log) with the runtime directory `rt`.
+fn mount_with_runtime(backing: &Path, mnt: &Path, rt: &Path) -> std::process::Output {
+    let out = run_timeout(
+        Command::new(common::shardfs_bin())
+            .args(["mount", backing.to_str().unwrap(), mnt.to_str().unwrap()])
+            .env("SHARDFS_RUNTIME_DIR", rt),
+        LIMIT,
+    );
+    if is_mounted(mnt) {
+        let _ = common::shardfs(&["unmount", mnt.to_str().unwrap()]);
+    }
+    out
+}
+
+#[test]
+fn a_runtime_directory_someone_else_made_or_opened_is_refused() {
+    let (d, backing, _) = dirs();
+    let mnt = d.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let theirs = d.path().join("theirs");
+    fs::create_dir(&theirs).unwrap();
+    std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+    let open = d.path().join("open");
+    fs::create_dir(&open).unwrap();
+    fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).unwrap();
+    for (rt, why) in [
+        (&theirs, "belongs to uid 65534"),
+        (&open, "others may use it"),
+    ] {
+        let out = mount_with_runtime(&backing, &mnt, rt);
+        let err = common::stderr(&out);
+        assert!(!out.status.success(), "mounted with {}", rt.display());
+        assert!(
+            err.contains(why) && err.contains("SHARDFS_RUNTIME_DIR"),
+            "{err}"
+        );
+        assert!(!is_mounted(&mnt));
+        assert_eq!(
+            fs::read_dir(rt).unwrap().count(),
+            0,
+            "something was written there"
+        );
+    }
+    assert_eq!(
+        fs::metadata(&open).unwrap().mode() & 0o777,
+        0o777,
+        "tightened"
+    );
+}
+
+#[test]
+fn a_log_path_made_a_link_or_a_fifo_is_refused_at_once() {
+    let (d, backing, _) = dirs();
+    let mnt = d.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let rt = d.path().join("rt");
+    fs::create_dir(&rt).unwrap();
+    fs::set_permissions(&rt, fs::Permissions::from_mode(0o700)).unwrap();
+    let canonical = fs::canonicalize(&mnt).unwrap();
+    let name: String = canonical
+        .to_string_lossy()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    let log = rt.join(format!("{name}.log"));
+    // A link to a file root must not append to.
+    let victim = d.path().join("victim");
+    fs::write(&victim, b"untouched").unwrap();
+    std::os::unix::fs::symlink(&victim, &log).unwrap();
+    let out = mount_with_runtime(&backing, &mnt, &rt);
+    assert!(!out.status.success(), "mounted through a log symlink");
+    assert_eq!(fs::read(&victim).unwrap(), b"untouched");
+    fs::remove_file(&log).unwrap();
+    // A FIFO, read by its maker (or not): refused at once, never waited on.
+    let c = std::ffi::CString::new(log.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o666) }, 0);
+    for reader in [false, true] {
+        let _r = reader.then(|| {
+            use std::os::unix::fs::OpenOptionsExt;
+            fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(&log)
+                .unwrap()
+        });
+        let start = Instant::now();
+        let out = mount_with_runtime(&backing, &mnt, &rt);
+        assert!(
+            !out.status.success(),
+            "mounted over a FIFO (reader: {reader})"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "waited on the FIFO"
+        );
+        if reader {
+            assert!(
+                common::stderr(&out).contains("FIFO"),
+                "{}",
+                common::stderr(&out)
+            );
+        }
+    }
+}
+
+/// Unmounts and kills a foreground daemon whatever happens to the test.
+struct Foreground(std::process::Child, std::path::PathBuf);
+
+impl Drop for Foreground {
+    fn drop(&mut self) {
+        if is_mounted(&self.1) {
+            let _ = Command::new("umount").arg("-l").arg(&self.1).output();
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_log_nobody_reads_or_that_is_closed_never_stops_the_mount() {
+    let (d, backing, _) = dirs();
+    let mnt = d.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    // Every FUSE request logs a line: a pipe nobody reads fills within a few files.
+    let child = Command::new(common::shardfs_bin())
+        .args(["mount", "--foreground", "--chunks-per-shard", "4"])
+        .args([&backing, &mnt])
+        .env("SHARDFS_LOG", "debug,fuser=debug")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut fg = Foreground(child, mnt.clone());
+    let start = Instant::now();
+    while !is_mounted(&mnt) {
+        assert!(start.elapsed() < LIMIT, "never mounted");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let a = mnt.join("a");
+    fs::create_dir(&a).unwrap();
+    fs::write(a.join("zarr.json"), common::LINE_ARRAY).unwrap();
+    fs::create_dir(a.join("c")).unwrap();
+    // In a thread: a mount that waits on its log must fail the test, not hang it (the
+    // guard then tears the mount down).
+    let write_all = |value: u8| {
+        let a = a.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for round in 0..50 {
+                for k in 0..8 {
+                    let _ = fs::write(a.join(format!("c/{k}")), [value.wrapping_add(round); 16]);
+                }
+            }
+            let _ = tx.send(());
+        });
+        assert!(rx.recv_timeout(LIMIT).is_ok(), "writes waited on the log");
+    };
+    write_all(1);
+    // The reader goes away: every line now fails to be written.
+    drop(fg.0.stderr.take());
+    write_all(101);
+    let out = run_timeout(
+        Command::new(common::shardfs_bin()).args(["unmount", mnt.to_str().unwrap()]),
+        LIMIT,
+    );
+    common::assert_ok(&out, "unmount");
+    let status = fg.0.wait().unwrap();
+    assert!(status.success(), "the daemon ended with {status}");
+    let m = common::mount::Mounted::new(&backing, &["--chunks-per-shard", "4"], LIMIT);
+    for k in 0..8 {
+        assert_eq!(
+            fs::read(m.path(&format!("a/c/{k}"))).unwrap(),
+            vec![150; 16]
+        );
+    }
+    common::assert_ok(&m.unmount(&[]), "unmount");
+}
