@@ -635,6 +635,17 @@ impl World {
         if self.degraded {
             self.crash(false)?;
         }
+        // A write that failed half-way on the full disk left a partial chunk, as it would
+        // on any file system: its writer writes it again.
+        let partial: Vec<Key> = self
+            .model
+            .iter()
+            .filter(|(_, c)| c.current.as_ref().is_some_and(|c| c.len() != 16))
+            .map(|(k, _)| *k)
+            .collect();
+        for k in partial {
+            self.run_op(&Op::Write(k))?;
+        }
         if let Some(w) = self.witness.take() {
             let out = w.unmount(&[]);
             if !out.status.success() {

@@ -303,7 +303,12 @@ impl ShardFs {
         let placed = ShardLayout::of(&recorded)
             .ok()
             .flatten()
-            .is_some_and(|l| array.layout.same_placement(&l) && array.chunk_inside(&r.coords));
+            // Inside the grid it was written in: a shape shrunk since keeps it, as a live
+            // mount does (the array may grow back).
+            .is_some_and(|l| {
+                array.layout.same_placement(&l)
+                    && crate::grid::inside(&r.coords, &l.chunk_grid_shape())
+            });
         if !placed {
             return Ok(Verdict::Drop("its array now lays chunks out elsewhere"));
         }
