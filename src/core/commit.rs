@@ -97,10 +97,17 @@ impl ShardFs {
                 // Nothing new may appear in plain directories until the array exists, so
                 // that every chunk file written before is imported.
                 let _exclusive = self.plain_names.write().unwrap_or_else(|e| e.into_inner());
-                self.import_plain_chunks(dir, &sharded)?;
+                let staged = self.import_plain_chunks(dir, &sharded)?;
                 self.classifier.show_as_written(dir, false);
                 let doc_bytes = Node::Array(sharded).to_json_bytes();
                 self.write_whole(&doc, &[Bytes::from(doc_bytes)], true)?;
+                // Only now, the array stored (its shards durable before it), may the chunk
+                // files go: a crash before this finds them all again (`unstage`).
+                for rel in &staged {
+                    if let Err(e) = self.backing.remove_file(rel) {
+                        warn!(file = %rel.display(), "imported chunk file not removed: {e}");
+                    }
+                }
                 self.inodes.bump_generation();
                 Ok(None)
             }
@@ -174,10 +181,16 @@ impl ShardFs {
     /// become chunks: read into their shards, the shards written (a chunk file's path may
     /// be the path of a shard, which then replaces it), the other chunk files removed, and
     /// only then the metadata stored. Directories on chunk-key paths stay visible.
-    fn import_plain_chunks(&self, dir: &Path, sharded: &ArrayMetadata) -> Result<(), FsError> {
+    /// Returns the chunk files, moved aside, to remove once the metadata is stored.
+    fn import_plain_chunks(
+        &self,
+        dir: &Path,
+        sharded: &ArrayMetadata,
+    ) -> Result<Vec<PathBuf>, FsError> {
         let Some(array) = draft_array(dir, sharded) else {
-            return Ok(());
+            return Ok(Vec::new());
         };
+        self.unstage(&array, dir, &KeyNode::Root)?;
         let mut chunk_files = Vec::new();
         let mut key_dirs = Vec::new();
         self.collect_chunk_files(&array, dir, &KeyNode::Root, &mut chunk_files, &mut key_dirs)?;
@@ -186,7 +199,7 @@ impl ShardFs {
         }
         self.import_held_chunks(&array, dir)?;
         if chunk_files.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
         // Moved aside first (the shards may need the paths), then taken in one shard at a
         // time, so that memory holds one shard's chunks, not the whole array's. If a shard
@@ -206,11 +219,39 @@ impl ShardFs {
                 "chunk files could not be moved into shards, left as they were: {e}");
             return Err(e);
         }
-        for (_, rel) in &chunk_files {
-            self.backing.remove_file(&staged(rel))?;
-        }
+        // Durable before the metadata that makes them the array's, and before the chunk
+        // files go.
+        self.shards
+            .make_durable(&self.backing, |a, _, _| a == dir)?;
         info!(array = %self.backing.path(dir).display(), chunks = chunk_files.len(),
             shards = written.len(), "chunk files written before the metadata moved into shards");
+        Ok(chunk_files.iter().map(|(_, rel)| staged(rel)).collect())
+    }
+
+    /// Chunk files an import moved aside and never finished with (the daemon died before
+    /// the metadata was stored) go back to their names, over whatever that import wrote
+    /// there: they are what the writer wrote, and the import starts again from them.
+    fn unstage(&self, array: &ArrayState, rel: &Path, node: &KeyNode) -> Result<(), FsError> {
+        for entry in self.backing.list(rel)? {
+            let Some(name) = entry.name.to_str() else {
+                continue;
+            };
+            let path = rel.join(name);
+            if entry.kind.is_dir() {
+                if let ArrayName::Key(child @ KeyNode::Dir(_)) = array.classify_name(node, name) {
+                    self.unstage(array, &path, &child)?;
+                }
+                continue;
+            }
+            let original = name
+                .strip_prefix('.')
+                .and_then(|n| n.strip_suffix(".shardfs-import"));
+            if let Some(original) = original
+                && let ArrayName::Key(KeyNode::Chunk(_)) = array.classify_name(node, original)
+            {
+                self.backing.rename(&path, &rel.join(original))?;
+            }
+        }
         Ok(())
     }
 
