@@ -19,11 +19,16 @@ const QUEUE_LINES: usize = 64 * 1024;
 pub fn init() -> WorkerGuard {
     let filter = tracing_subscriber::EnvFilter::try_from_env("SHARDFS_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,fuser=error"));
-    let (writer, guard) = NonBlockingBuilder::default()
-        .lossy(true)
-        .buffered_lines_limit(QUEUE_LINES)
-        .thread_name("shardfs-log")
-        .finish(Quiet(io::stderr()));
+    // The writer thread must not take the daemon's signals (SIGTERM's default would end
+    // the process there): it starts with every signal blocked, as the daemon's own
+    // threads do.
+    let (writer, guard) = with_signals_blocked(|| {
+        NonBlockingBuilder::default()
+            .lossy(true)
+            .buffered_lines_limit(QUEUE_LINES)
+            .thread_name("shardfs-log")
+            .finish(Quiet(io::stderr()))
+    });
     let _ = DROPPED.set(writer.error_counter());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -31,6 +36,20 @@ pub fn init() -> WorkerGuard {
         .with_ansi(false)
         .try_init();
     guard
+}
+
+fn with_signals_blocked<T>(f: impl FnOnce() -> T) -> T {
+    // SAFETY: sigfillset fills the set it is given; pthread_sigmask swaps this thread's
+    // mask and is restored below.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
+        let out = f();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        out
+    }
 }
 
 /// Log lines dropped so far because the log could not keep up.
