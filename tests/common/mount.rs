@@ -165,8 +165,20 @@ impl Mounted {
         self.mountpoint.join(rel)
     }
 
+    /// The daemon's log so far. Lines reach it through the daemon's writer thread, a
+    /// moment after they are logged: read until it stops growing.
     pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        let read = || std::fs::read_to_string(&self.log).unwrap_or_default();
+        let start = std::time::Instant::now();
+        let mut last = read();
+        loop {
+            std::thread::sleep(Duration::from_millis(50));
+            let now = read();
+            if now.len() == last.len() || start.elapsed() > Duration::from_secs(2) {
+                return now;
+            }
+            last = now;
+        }
     }
 
     /// `shardfs unmount`, with a timeout.
