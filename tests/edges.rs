@@ -674,6 +674,34 @@ fn a_kill_during_the_import_of_chunk_files_loses_none() {
     }
 }
 
+/// Found by the third review: a chunk its shard held, renamed into another array whose key
+/// directory was then fsynced, was in both arrays after a SIGKILL: the new name's content
+/// was journaled, the old name's removal only pending. The removal is journaled with it.
+#[test]
+fn a_chunk_renamed_across_arrays_and_fsynced_is_under_one_name_after_a_crash() {
+    let args = ["--chunks-per-shard", "4", "--idle-flush", "600"];
+    let (_d, backing, _) = dirs();
+    let m = Mounted::new(&backing, &args, LIMIT);
+    let a = array(&m, "a", LINE);
+    let b = array(&m, "b", LINE);
+    fs::create_dir_all(a.join("c")).unwrap();
+    fs::create_dir_all(b.join("c")).unwrap();
+    for k in 0..4u8 {
+        fs::write(a.join(format!("c/{k}")), [k + 1; 16]).unwrap();
+    }
+    flush(&m);
+    fs::rename(a.join("c/1"), b.join("c/1")).unwrap();
+    fsync_path(&b.join("c"));
+    let m = crash_and_remount(m, &args);
+    assert!(
+        !m.path("a/c/1").exists(),
+        "the chunk is under its old name too"
+    );
+    assert_eq!(fs::read(m.path("b/c/1")).unwrap(), vec![2; 16]);
+    assert_ok(&m.unmount(&[]), "unmount");
+    verify(&backing);
+}
+
 /// How many journals BACKING holds.
 fn journals(backing: &Path) -> usize {
     fs::read_dir(backing.join(".shardfs/journal"))

@@ -180,6 +180,9 @@ pub struct MemState {
     /// When the content last changed (ns since the epoch): the time its shard stamps at
     /// its position (`shard::stamps`). Unlike `mtime`, no setattr moves it.
     pub changed: u64,
+    /// The chunk key it was renamed from, whose removal is journaled with its content
+    /// (`ShardRegistry::journal_moves`): a crash must not find it under both names.
+    pub moved_from: Option<(std::sync::Arc<super::array::ArrayState>, Vec<u64>)>,
 }
 
 /// Nanoseconds since the epoch, now.
@@ -202,6 +205,7 @@ impl MemFile {
                 touched: Some(Instant::now()),
                 fsynced: false,
                 changed: now_ns(),
+                moved_from: None,
                 mode,
             }),
         }

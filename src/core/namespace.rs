@@ -789,6 +789,13 @@ impl ShardFs {
         if let NodeKind::ArrayMeta(array) = &mv.src {
             self.flush_array_at(&array.rel)?;
         }
+        if let (NodeKind::Chunk { array, coords }, Place::Chunk(..)) = (&mv.src, &mv.place) {
+            // (The first key it left: a later one held it only in memory.)
+            content.with(|s| {
+                s.moved_from
+                    .get_or_insert_with(|| (array.clone(), coords.clone()));
+            });
+        }
         let mut kind = self.put_content(&mv.place, content.clone())?;
         // A chunk whose content the journal holds is made durable at its new name before
         // its old name's removal is journaled: a crash finds it at one of them. If that

@@ -80,7 +80,34 @@ impl ShardRegistry {
                 shared.push((slot, taken));
             }
         }
-        self.append_shared(backing, journal, shared)
+        self.append_shared(backing, journal, shared)?;
+        if self.journal_moves(backing, files)? {
+            journal.sync_all()?;
+        }
+        Ok(())
+    }
+
+    /// Chunks renamed here from a key whose shard still holds them (`MemState::moved_from`):
+    /// their content durable at the new name now, the old name's removal is journaled too,
+    /// and made durable with it. Returns whether any was.
+    fn journal_moves(&self, backing: &Backing, files: &[PendingChunk]) -> Result<bool, FsError> {
+        let mut any = false;
+        for (_, _, file) in files {
+            let Some((array, coords)) = file.with(|s| s.moved_from.take()) else {
+                continue;
+            };
+            let loc = array.layout.locate(&coords);
+            let slot = self.slot(backing, &array, &loc.shard)?;
+            let stamp = {
+                let st = lock(&slot.state);
+                st.deleted.contains(&loc.pos).then(|| self.stamp())
+            };
+            if let Some(stamp) = stamp {
+                self.journal_removal(backing, &slot, &coords, stamp);
+                any = true;
+            }
+        }
+        Ok(any)
     }
 
     /// Takes the current content of those of `group` that are still their chunk's and
