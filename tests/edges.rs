@@ -702,6 +702,54 @@ fn a_chunk_renamed_across_arrays_and_fsynced_is_under_one_name_after_a_crash() {
     verify(&backing);
 }
 
+/// Found by the third review: after RENAME_EXCHANGE of two directories holding arrays, the
+/// mount forgot both inodes while the kernel had swapped its entries: for a second one
+/// directory listed empty and the other's chunks were not found. The inodes swap names too.
+#[test]
+fn directories_exchanged_show_each_others_arrays_at_once() {
+    let args = ["--chunks-per-shard", "4"];
+    let (_d, backing, _) = dirs();
+    let m = Mounted::new(&backing, &args, LIMIT);
+    for (dir, v) in [("p", 1u8), ("q", 2)] {
+        fs::create_dir(m.path(dir)).unwrap();
+        let a = array(&m, &format!("{dir}/x"), LINE);
+        write_synced(&a.join("c/0"), &[v; 16]);
+    }
+    // Looked at first, so that the kernel holds entries for them.
+    for dir in ["p", "q"] {
+        assert_eq!(fs::read_dir(m.path(dir)).unwrap().count(), 1);
+    }
+    let c = |p: &str| std::ffi::CString::new(m.path(p).to_str().unwrap()).unwrap();
+    let (p, q) = (c("p"), c("q"));
+    // SAFETY: two valid C strings.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            p.as_ptr(),
+            libc::AT_FDCWD,
+            q.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+    for (dir, v) in [("p", 2u8), ("q", 1)] {
+        let names: Vec<String> = fs::read_dir(m.path(dir))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["x"], "{dir}");
+        assert_eq!(
+            fs::read(m.path(&format!("{dir}/x/c/0"))).unwrap(),
+            vec![v; 16],
+            "{dir}"
+        );
+    }
+    let m = crash_and_remount(m, &args);
+    assert_eq!(fs::read(m.path("p/x/c/0")).unwrap(), vec![2; 16]);
+    assert_eq!(fs::read(m.path("q/x/c/0")).unwrap(), vec![1; 16]);
+    assert_ok(&m.unmount(&[]), "unmount");
+}
+
 /// How many journals BACKING holds.
 fn journals(backing: &Path) -> usize {
     fs::read_dir(backing.join(".shardfs/journal"))

@@ -317,6 +317,26 @@ impl InodeTable {
         inner.by_name.insert(key, ino);
     }
 
+    /// The names `a` and `b` swap what they name (RENAME_EXCHANGE), as the kernel swaps
+    /// its entries: each inode keeps its number under the other's name. Its kind is decided
+    /// again after the next generation bump.
+    pub fn exchange(&self, a: (Ino, &OsStr), b: (Ino, &OsStr)) {
+        let mut inner = lock(&self.inner);
+        let (ka, kb) = ((a.0, a.1.to_os_string()), (b.0, b.1.to_os_string()));
+        let (ia, ib) = (inner.by_name.remove(&ka), inner.by_name.remove(&kb));
+        for (ino, old, new) in [(ia, &ka, &kb), (ib, &kb, &ka)] {
+            let Some(ino) = ino else {
+                continue;
+            };
+            if let Some(node) = inner.nodes.get_mut(&ino) {
+                node.names.retain(|n| n != old);
+                node.names.insert(0, new.clone());
+                node.last_name = new.1.clone();
+            }
+            inner.by_name.insert(new.clone(), ino);
+        }
+    }
+
     /// Replaces what the root is (it may itself be an array directory).
     pub fn set_root_kind(&self, kind: NodeKind) {
         if let Some(root) = lock(&self.inner).nodes.get_mut(&ROOT) {

@@ -920,12 +920,15 @@ impl ShardFs {
         if !plain(src) || !plain(dst) {
             return Err(translated_exchange(src_rel));
         }
-        // Whole trees swap places: what is pending in either is written first, and what
-        // is known of them is forgotten (called with the gate held exclusively).
+        // Whole trees swap places: what is pending in either is written first and made
+        // durable, so that no record names a path about to change (as for a directory
+        // moved), and what is known of them is forgotten (the gate is held exclusively).
         let trees = [src, dst].iter().any(|k| matches!(k, NodeKind::Dir));
         if trees {
-            self.flush_below(src_rel)?;
-            self.flush_below(dst_rel)?;
+            for rel in [src_rel, dst_rel.as_path()] {
+                self.flush_below(rel)?;
+                self.settle_durably(rel)?;
+            }
         }
         self.backing.exchange(src_rel, dst_rel)?;
         if trees {
@@ -933,10 +936,11 @@ impl ShardFs {
                 self.shards.forget_array(rel);
                 self.temps.forget_below(rel);
             }
-            self.inodes.bump_generation();
         }
-        self.inodes.detach(from.0, from.1, None);
-        self.inodes.detach(to.0, to.1, None);
+        // The kernel swaps its entries: so do the inodes (detached, the kernel's entries
+        // would name nothing for a second).
+        self.inodes.exchange(from, to);
+        self.inodes.bump_generation();
         Ok(())
     }
 
