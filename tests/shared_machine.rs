@@ -193,3 +193,65 @@ fn a_log_nobody_reads_or_that_is_closed_never_stops_the_mount() {
     }
     common::assert_ok(&m.unmount(&[]), "unmount");
 }
+
+/// Issue 18, defect 2: a shard whose valid, checksummed index declares one huge chunk (a
+/// sparse 1 TiB file) made the daemon allocate it and abort, for every user of the mount.
+/// Sizes from BACKING are untrusted: opening the chunk for writing or renaming it gets
+/// EFBIG, reading a part of it works, and the mount lives on.
+#[test]
+fn a_shard_declaring_a_huge_chunk_gets_efbig_and_the_mount_lives() {
+    use std::io::{Read, Write};
+    let (_d, backing, _) = dirs();
+    let args = ["--chunks-per-shard", "4"];
+    let m = common::mount::Mounted::new(&backing, &args, LIMIT);
+    fs::create_dir(m.path("a")).unwrap();
+    fs::write(m.path("a/zarr.json"), common::LINE_ARRAY).unwrap();
+    fs::create_dir(m.path("a/c")).unwrap();
+    for k in 0..4u8 {
+        fs::write(m.path(&format!("a/c/{k}")), [k + 1; 16]).unwrap();
+    }
+    common::assert_ok(&m.unmount(&[]), "unmount");
+    drop(m);
+    // Index at the end: 4 (offset, nbytes) pairs and their crc32c.
+    let len: u64 = 1 << 40;
+    let mut index = Vec::new();
+    index.extend(0u64.to_le_bytes());
+    index.extend((len - 68).to_le_bytes());
+    for _ in 1..4 {
+        index.extend(u64::MAX.to_le_bytes());
+        index.extend(u64::MAX.to_le_bytes());
+    }
+    let crc = crc32c::crc32c(&index);
+    index.extend(crc.to_le_bytes());
+    let shard = fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(backing.join("a/c/0"))
+        .unwrap();
+    shard.set_len(len - 68).unwrap();
+    drop(shard);
+    fs::OpenOptions::new()
+        .append(true)
+        .open(backing.join("a/c/0"))
+        .unwrap()
+        .write_all(&index)
+        .unwrap();
+    let m = common::mount::Mounted::new(&backing, &args, LIMIT);
+    let chunk = m.path("a/c/0");
+    let mut head = [1u8; 16];
+    fs::File::open(&chunk)
+        .unwrap()
+        .read_exact(&mut head)
+        .unwrap();
+    assert_eq!(head, [0; 16], "a part of it reads");
+    let open = fs::OpenOptions::new().write(true).open(&chunk);
+    assert_eq!(
+        common::mount::errno_of(open),
+        Some(libc::EFBIG),
+        "open for writing"
+    );
+    let moved = fs::rename(&chunk, m.path("a/c/5"));
+    assert_eq!(common::mount::errno_of(moved), Some(libc::EFBIG), "rename");
+    assert!(m.daemon_alive(), "the daemon died");
+    common::assert_ok(&m.unmount(&[]), "unmount");
+}

@@ -81,6 +81,20 @@ pub fn read_index<R: ReadAt + ?Sized>(
     Ok(index)
 }
 
+/// Reads one whole chunk into memory, if it is at most `max` bytes: its size comes from
+/// an index anyone who can write BACKING may have forged (a sparse file declaring a 1 TiB
+/// chunk), so it is never allocated blindly. EFBIG otherwise.
+pub fn read_whole_chunk<R: ReadAt + ?Sized>(
+    file: &R,
+    range: ChunkRange,
+    max: u64,
+) -> io::Result<Vec<u8>> {
+    if range.nbytes > max {
+        return Err(io::Error::from_raw_os_error(libc::EFBIG));
+    }
+    read_chunk_part(file, range, 0, range.nbytes)
+}
+
 /// Reads part of one chunk: `len` bytes from `start` within the chunk, clipped to the chunk.
 pub fn read_chunk_part<R: ReadAt + ?Sized>(
     file: &R,

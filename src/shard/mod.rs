@@ -7,7 +7,9 @@ pub mod index;
 pub mod stamps;
 
 pub use builder::{EncodedShard, Segments, ShardBuilder, write_all_vectored};
-pub use file::{ReadAt, ShardFileError, read_chunk_part, read_index, read_index_lenient};
+pub use file::{
+    ReadAt, ShardFileError, read_chunk_part, read_index, read_index_lenient, read_whole_chunk,
+};
 pub use index::{
     ChunkRange, DecodedIndex, Endian, IndexCodec, IndexError, IndexFormat, IndexLocation, MISSING,
     ShardIndex,

@@ -613,11 +613,10 @@ impl ShardRegistry {
                                     .and_then(|s| s.get(loc.pos).copied())
                                     .unwrap_or(0),
                             );
-                            FileData::from_bytes(Bytes::from(crate::shard::read_chunk_part(
+                            FileData::from_bytes(Bytes::from(crate::shard::read_whole_chunk(
                                 &file,
                                 range,
-                                0,
-                                range.nbytes,
+                                crate::core::memfile::MAX_FILE_BYTES,
                             )?))
                         }
                         None => FileData::default(),

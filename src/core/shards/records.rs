@@ -254,7 +254,8 @@ impl ShardRegistry {
         match index.get(pos) {
             None => Was::Absent,
             Some(range) => {
-                match crate::shard::read_chunk_part(&*open.file, range, 0, range.nbytes) {
+                let max = crate::core::memfile::MAX_FILE_BYTES;
+                match crate::shard::read_whole_chunk(&*open.file, range, max) {
                     Ok(bytes) => Was::of(Some(&bytes)),
                     Err(_) => Was::Unknown,
                 }

@@ -55,12 +55,13 @@ pub struct StoredChunk {
 }
 
 impl StoredChunk {
+    /// The whole chunk, in memory: refused (EFBIG) when its index says more than a file
+    /// may hold (`read_whole_chunk`).
     pub fn read(&self) -> Result<Bytes, FsError> {
-        Ok(Bytes::from(read_chunk_part(
+        Ok(Bytes::from(crate::shard::read_whole_chunk(
             &self.file,
             self.range,
-            0,
-            self.range.nbytes,
+            crate::core::memfile::MAX_FILE_BYTES,
         )?))
     }
 

@@ -516,6 +516,12 @@ impl ShardJob<'_> {
         if kept.is_empty() {
             return Ok(());
         }
+        // Sizes from an index are untrusted (`read_whole_chunk`): nothing bigger than a file
+        // may hold is read into memory.
+        let max = crate::core::memfile::MAX_FILE_BYTES;
+        if kept.iter().any(|(_, r)| r.nbytes > max) {
+            return Err(std::io::Error::from_raw_os_error(libc::EFBIG).into());
+        }
         // Chunks that lie close together come in one read (one GET on an object store),
         // each kept as a slice of it.
         kept.sort_by_key(|(_, r)| r.offset);
