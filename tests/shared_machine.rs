@@ -255,3 +255,37 @@ fn a_shard_declaring_a_huge_chunk_gets_efbig_and_the_mount_lives() {
     assert!(m.daemon_alive(), "the daemon died");
     common::assert_ok(&m.unmount(&[]), "unmount");
 }
+
+/// Issue 18, defects 2 and 3 (sizes): a sparse 1 TiB journal segment planted in BACKING
+/// made every mount abort reading it whole. It is refused with an error naming it.
+#[test]
+fn a_huge_journal_segment_is_refused_not_read() {
+    let (d, backing, _) = dirs();
+    let journal = backing.join(".shardfs/journal");
+    fs::create_dir_all(&journal).unwrap();
+    fs::write(journal.join("evil.lock"), b"").unwrap();
+    let seg = fs::File::create(journal.join("evil.000001.seg")).unwrap();
+    seg.set_len(1 << 40).unwrap();
+    drop(seg);
+    let mnt = d.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let out = run_timeout(
+        Command::new(common::shardfs_bin()).args([
+            "mount",
+            backing.to_str().unwrap(),
+            mnt.to_str().unwrap(),
+            "--log-file",
+            d.path().join("log").to_str().unwrap(),
+        ]),
+        LIMIT,
+    );
+    if is_mounted(&mnt) {
+        let _ = common::shardfs(&["unmount", mnt.to_str().unwrap()]);
+    }
+    let err = common::stderr(&out);
+    assert!(!out.status.success(), "mounted over a 1 TiB segment");
+    assert!(
+        err.contains("evil.000001.seg") && err.contains("refused"),
+        "{err}"
+    );
+}

@@ -42,6 +42,9 @@ const UNBORN_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
 const ADOPTION_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 /// A segment is closed and a new one begun past this size.
 const SEGMENT_BYTES: u64 = 64 << 20;
+/// The largest shard body a replay reads (a shard's chunks, fsynced before the shard was
+/// written).
+const MAX_BODY_BYTES: u64 = 16 << 30;
 
 /// A record in a segment, to be retired when its chunk is durable in its shard.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -677,7 +680,21 @@ impl Journal {
         let mut retired = std::collections::BTreeSet::new();
         for name in names {
             let path = dir.join(&name);
-            let bytes = Bytes::from(self.backing.read(&path)?.unwrap_or_default());
+            // Its size is untrusted (anyone who can write BACKING can plant a sparse 1 TiB
+            // file): nothing larger than this mount could have written is read.
+            let limit = match body::is_body(&path) {
+                true => MAX_BODY_BYTES,
+                false => SEGMENT_BYTES + crate::core::memfile::MAX_FILE_BYTES + (1 << 20),
+            };
+            let bytes = match self.backing.read_at_most(&path, limit) {
+                Ok(b) => Bytes::from(b.unwrap_or_default()),
+                Err(e) => {
+                    return Err(io::Error::new(
+                        e.kind(),
+                        format!("journal file {} refused: {e}", path.display()),
+                    ));
+                }
+            };
             let (records, valid) = record::decode_all(&bytes);
             for r in &records {
                 if let record::Record::Retire { ids } = r {
