@@ -289,3 +289,18 @@ fn a_huge_journal_segment_is_refused_not_read() {
         "{err}"
     );
 }
+
+/// Issue 18, defect 6: a file with a long name inside an array (held in memory, then
+/// written out under a temporary name) was never written: the temporary name exceeded
+/// NAME_MAX, and unmount refused. Temporary names always fit.
+#[test]
+fn a_file_with_a_long_name_in_an_array_is_written() {
+    let (_d, backing, _) = dirs();
+    let m = common::mount::Mounted::new(&backing, &["--chunks-per-shard", "4"], LIMIT);
+    fs::create_dir(m.path("a")).unwrap();
+    fs::write(m.path("a/zarr.json"), common::LINE_ARRAY).unwrap();
+    let name = "n".repeat(250);
+    fs::write(m.path(&format!("a/{name}")), b"notes").unwrap();
+    common::assert_ok(&m.unmount(&[]), "unmount");
+    assert_eq!(fs::read(backing.join("a").join(&name)).unwrap(), b"notes");
+}

@@ -369,11 +369,7 @@ impl Backing {
         let (dir_rel, name) = split(rel)?;
         self.create_dir_all(dir_rel)?;
         let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-        let tmp_name = format!(
-            ".{}.shardfs-{}-{n}",
-            name.to_string_lossy(),
-            std::process::id()
-        );
+        let tmp_name = temp_name(&name.to_string_lossy(), n);
         let tmp = dir_rel.join(&tmp_name);
         let create = OpenMode {
             write: true,
@@ -472,5 +468,33 @@ pub fn join_rel(dir: &Path, name: &OsStr) -> PathBuf {
         PathBuf::from(name)
     } else {
         dir.join(name)
+    }
+}
+
+/// The temporary name a file `name` is written under before its rename: unique (the pid
+/// and a counter), and never longer than a name may be (NAME_MAX, 255 bytes), however long
+/// `name` is.
+fn temp_name(name: &str, n: u64) -> String {
+    let suffix = format!(".shardfs-{}-{n}", std::process::id());
+    let room = 255 - 1 - suffix.len();
+    let mut cut = name.len().min(room);
+    while !name.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!(".{}{suffix}", &name[..cut])
+}
+
+#[cfg(test)]
+mod temp_name_tests {
+    #[test]
+    fn a_temporary_name_always_fits() {
+        let long = "é".repeat(127);
+        let t = super::temp_name(&long, u64::MAX);
+        assert!(t.len() <= 255, "{}", t.len());
+        assert!(t.starts_with(".é") && t.ends_with(&format!("-{}", u64::MAX)));
+        assert_eq!(
+            super::temp_name("x", 3),
+            format!(".x.shardfs-{}-3", std::process::id())
+        );
     }
 }
