@@ -157,11 +157,25 @@ fn check_rank(what: &'static str, expected: usize, v: &[u64]) -> Result<(), Layo
 }
 
 fn check_chunk_count(chunks_per_shard: &[u64]) -> Result<(), LayoutError> {
-    let n: u128 = chunks_per_shard.iter().map(|&n| n as u128).product();
+    // Checked: a plain product wraps ([2^63, 2^63, 4] is 0 in u128) and passes the bound.
+    let n = chunks_per_shard
+        .iter()
+        .try_fold(1u128, |acc, &n| acc.checked_mul(n as u128))
+        .unwrap_or(u128::MAX);
     if n > MAX_CHUNKS_PER_SHARD as u128 {
         return Err(LayoutError::TooManyChunksPerShard(n));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod chunk_count_tests {
+    #[test]
+    fn a_product_that_overflows_is_too_many() {
+        assert!(super::check_chunk_count(&[1 << 63, 1 << 63, 4]).is_err());
+        assert!(super::check_chunk_count(&[u64::MAX, u64::MAX]).is_err());
+        assert!(super::check_chunk_count(&[4, 4]).is_ok());
+    }
 }
 
 fn index_codec(codecs: &[NamedConfig]) -> Result<IndexCodec, LayoutError> {
