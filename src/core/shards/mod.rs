@@ -599,22 +599,13 @@ impl ShardRegistry {
         } else {
             match self.open_stored(&slot, &loc.shard, &mut st)? {
                 None => FileData::default(),
-                Some(OpenShard { file, stored }) => match stored.index {
+                Some(open) => match &open.stored.index {
                     Ok(index) => match index.get(loc.pos) {
                         Some(range) => {
-                            let len = file.info().size;
-                            // (Not on an object store: one more GET per open.)
-                            since = Some(
-                                Some(&*file)
-                                    .filter(|_| self.store_is_backing)
-                                    .and_then(|f| {
-                                        crate::shard::stamps::read(f, len, &stored.format, &index)
-                                    })
-                                    .and_then(|s| s.get(loc.pos).copied())
-                                    .unwrap_or(0),
-                            );
+                            let stamps = self.stamps_of(&open);
+                            since = Some(stamps.and_then(|s| s.get(loc.pos).copied()).unwrap_or(0));
                             FileData::from_bytes(Bytes::from(crate::shard::read_whole_chunk(
-                                &file,
+                                &open.file,
                                 range,
                                 crate::core::memfile::MAX_FILE_BYTES,
                             )?))
@@ -625,7 +616,7 @@ impl ShardRegistry {
                         return Err(FsError::damaged_shard(
                             &array.chunk_rel(coords),
                             &self.describe(&array.shard_rel(&loc.shard)),
-                            &reason,
+                            reason,
                         ));
                     }
                 },

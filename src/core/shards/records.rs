@@ -224,10 +224,13 @@ impl ShardRegistry {
     /// When the shard file's state at `pos` came (`shard::stamps`), if it says so.
     fn stored_stamp(&self, slot: &ShardSlot, pos: usize, st: &mut ShardState) -> Option<u64> {
         let open = self.open_stored(slot, &slot.shard, st).ok()??;
-        let len = open.file.info().size;
-        let index = open.stored.index.as_ref().ok()?;
-        let stamps = crate::shard::stamps::read(&*open.file, len, &open.stored.format, index)?;
-        stamps.get(pos).copied().filter(|s| *s != 0)
+        self.stamps_of(&open)?.get(pos).copied().filter(|s| *s != 0)
+    }
+
+    /// The stamps of a stored shard (`OpenShard::stamps`). Not on an object store: one
+    /// more GET per version, for no reader there yet.
+    pub(super) fn stamps_of(&self, open: &super::OpenShard) -> Option<Arc<Vec<u64>>> {
+        self.store_is_backing.then(|| open.stamps()).flatten()
     }
 
     /// Makes the slot's shard durable if this mount wrote (or removed) it without syncing:

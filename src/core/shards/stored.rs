@@ -4,7 +4,7 @@
 //! another one, or anyone) can never pair one version's index with another version's bytes.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
 use bytes::Bytes;
@@ -26,6 +26,8 @@ pub(crate) struct StoredIndex {
     pub version: Arc<str>,
     pub mtime: SystemTime,
     pub index: Result<Arc<ShardIndex>, IndexError>,
+    /// Its stamps (`shard::stamps`), read once per version, when first asked for.
+    pub stamps: Arc<OnceLock<Option<Arc<Vec<u64>>>>>,
 }
 
 impl StoredIndex {
@@ -43,6 +45,19 @@ impl StoredIndex {
 pub(crate) struct OpenShard {
     pub file: Arc<dyn Blob>,
     pub stored: StoredIndex,
+}
+
+impl OpenShard {
+    /// When each position got what this version holds, if shardfs wrote it: read from the
+    /// file the first time, then kept with the version's index.
+    pub fn stamps(&self) -> Option<Arc<Vec<u64>>> {
+        let read = || {
+            let index = self.stored.index.as_ref().ok()?;
+            let len = self.file.info().size;
+            crate::shard::stamps::read(&*self.file, len, &self.stored.format, index).map(Arc::new)
+        };
+        self.stored.stamps.get_or_init(read).clone()
+    }
 }
 
 /// A stored chunk: which version of which shard holds it, where, and that version pinned.
@@ -120,6 +135,7 @@ pub(crate) fn open_shard(
             version: info.tag.into(),
             mtime: info.mtime,
             index,
+            stamps: Arc::default(),
         },
     }))
 }

@@ -321,12 +321,7 @@ impl ShardJob<'_> {
         let mut builder = ShardBuilder::new(self.format.clone());
         if let Some(open) = &current {
             self.keep_stored(reg, &mut builder, &*open.file, &open.stored)?;
-            // (Not on an object store: one more GET per merge, for no reader there yet.)
-            let len = open.file.info().size;
-            if reg.store_is_backing
-                && let Ok(index) = &open.stored.index
-                && let Some(old) = crate::shard::stamps::read(&*open.file, len, self.format, index)
-            {
+            if let Some(old) = reg.stamps_of(open) {
                 builder.stamps_from(&old);
             }
         }
@@ -386,6 +381,7 @@ impl ShardJob<'_> {
                 version: info.tag.into(),
                 mtime: info.mtime,
                 index: Ok(Arc::new(index)),
+                stamps: Arc::default(),
             }),
             from_body: false,
             // A PUT is durable once answered; a file wants a sync (`make_durable`).

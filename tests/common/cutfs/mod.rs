@@ -209,6 +209,23 @@ impl Layer {
             .map_err(errno)
     }
 
+    /// Unlink or rmdir (`how`) of `name` in `parent`, noted (durable once its directory is
+    /// fsynced).
+    fn remove(
+        &self,
+        parent: INodeNo,
+        name: &OsStr,
+        how: fn(&Path) -> std::io::Result<()>,
+    ) -> Res<()> {
+        let _on = self.on()?;
+        let rel = self.child(parent, name)?;
+        let dir = self.dir_ino(&rel)?;
+        how(&self.full(&rel)).map_err(errno)?;
+        self.names().removed(dir, name);
+        self.forget_path(&rel);
+        Ok(())
+    }
+
     /// The inode of the directory holding `rel`, before a name in it goes.
     fn dir_ino(&self, rel: &Path) -> Res<u64> {
         let full = self.full(rel);
@@ -563,29 +580,11 @@ impl Filesystem for Layer {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let r = (|| -> Res<()> {
-            let _on = self.on()?;
-            let rel = self.child(parent, name)?;
-            let dir = self.dir_ino(&rel)?;
-            fs::remove_file(self.full(&rel)).map_err(errno)?;
-            self.names().removed(dir, name);
-            self.forget_path(&rel);
-            Ok(())
-        })();
-        reply_empty(reply, r);
+        reply_empty(reply, self.remove(parent, name, |p| fs::remove_file(p)));
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let r = (|| -> Res<()> {
-            let _on = self.on()?;
-            let rel = self.child(parent, name)?;
-            let dir = self.dir_ino(&rel)?;
-            fs::remove_dir(self.full(&rel)).map_err(errno)?;
-            self.names().removed(dir, name);
-            self.forget_path(&rel);
-            Ok(())
-        })();
-        reply_empty(reply, r);
+        reply_empty(reply, self.remove(parent, name, |p| fs::remove_dir(p)));
     }
 
     fn symlink(
