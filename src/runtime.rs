@@ -64,12 +64,16 @@ pub fn ensure_private(dir: &Path) -> io::Result<()> {
 
 /// The default log file of the daemon serving `mountpoint`, in the private directory.
 pub fn default_log_file(mountpoint: &Path) -> PathBuf {
-    let name: String = mountpoint
+    let mut name: String = mountpoint
         .to_string_lossy()
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
         .collect();
-    dir().join(format!("{name}.log"))
+    // Within NAME_MAX however long the path, and told apart from paths that map alike
+    // (`/a/b_c`, `/a_b/c`) by a hash of the path itself.
+    let hash = crc32c::crc32c(mountpoint.as_os_str().as_encoded_bytes());
+    name.truncate(200);
+    dir().join(format!("{name}-{hash:08x}.log"))
 }
 
 /// Opens `path` for appending log lines (made 0600 if new): never through a symlink, never
@@ -81,19 +85,28 @@ pub fn open_log(path: &Path) -> io::Result<File> {
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
         .open(path)?;
-    let kind = file.metadata()?.file_type();
-    if !kind.is_file() {
-        let what = if kind.is_fifo() {
-            "a FIFO"
-        } else {
-            "not a regular file"
-        };
-        return Err(io::Error::new(
+    let m = file.metadata()?;
+    let kind = m.file_type();
+    // Someone else's file (or a hard link to one) would let them read what the daemon
+    // logs, or have it append to what they chose.
+    let why = if kind.is_fifo() {
+        Some("it is a FIFO".to_string())
+    } else if !kind.is_file() {
+        Some("it is not a regular file".to_string())
+    } else if m.uid() != euid() {
+        Some(format!("it belongs to uid {}, not {}", m.uid(), euid()))
+    } else if m.nlink() != 1 {
+        Some(format!("it has {} names (a hard link)", m.nlink()))
+    } else {
+        None
+    };
+    match why {
+        None => Ok(file),
+        Some(why) => Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            format!("log file {} refused: it is {what}", path.display()),
-        ));
+            format!("log file {} refused: {why}", path.display()),
+        )),
     }
-    Ok(file)
 }
 
 /// Writes a file of ours (0600), never through a link.
@@ -111,6 +124,17 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_default_log_name_fits_and_tells_paths_apart() {
+        let long = Path::new("/").join("d".repeat(250)).join("e".repeat(250));
+        let name = default_log_file(&long);
+        assert!(name.file_name().unwrap().len() <= 255);
+        assert_ne!(
+            default_log_file(Path::new("/a/b_c")),
+            default_log_file(Path::new("/a_b/c"))
+        );
+    }
 
     #[test]
     fn a_directory_others_can_use_is_refused_and_left_alone() {
@@ -158,5 +182,18 @@ mod tests {
         let ok = d.path().join("ok.log");
         open_log(&ok).unwrap().write_all(b"line\n").unwrap();
         assert_eq!(fs::metadata(&ok).unwrap().mode() & 0o777, 0o600);
+        let linked = d.path().join("linked.log");
+        fs::hard_link(&ok, &linked).unwrap();
+        let e = open_log(&linked).unwrap_err();
+        assert!(e.to_string().contains("hard link"), "{e}");
+        let theirs = d.path().join("theirs.log");
+        fs::write(&theirs, b"").unwrap();
+        std::os::unix::fs::chown(&theirs, Some(65534), None).unwrap();
+        assert!(
+            open_log(&theirs)
+                .unwrap_err()
+                .to_string()
+                .contains("belongs to uid")
+        );
     }
 }

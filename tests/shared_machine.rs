@@ -73,13 +73,12 @@ fn a_log_path_made_a_link_or_a_fifo_is_refused_at_once() {
     let rt = d.path().join("rt");
     fs::create_dir(&rt).unwrap();
     fs::set_permissions(&rt, fs::Permissions::from_mode(0o700)).unwrap();
-    let canonical = fs::canonicalize(&mnt).unwrap();
-    let name: String = canonical
-        .to_string_lossy()
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .collect();
-    let log = rt.join(format!("{name}.log"));
+    // The daemon's own name for it (`runtime::default_log_file`).
+    let log = {
+        let canonical = fs::canonicalize(&mnt).unwrap();
+        let name = shardfs::runtime::default_log_file(&canonical);
+        rt.join(name.file_name().unwrap())
+    };
     // A link to a file root must not append to.
     let victim = d.path().join("victim");
     fs::write(&victim, b"untouched").unwrap();
