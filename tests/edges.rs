@@ -1038,3 +1038,86 @@ fn a_journal_that_never_began_is_removed() {
     assert!(!unborn.exists(), "the unborn journal's lock file stayed");
     assert_ok(&m.unmount(&[]), "unmount");
 }
+
+/// Chunks mount A wrote into array `a`, one closed and one fsynced, neither in a shard yet.
+fn a_with_two_pending_chunks(args: &[&str]) -> (tempfile::TempDir, PathBuf, Mounted, Mounted) {
+    let (d, backing, _) = dirs();
+    let a = Mounted::new(&backing, args, LIMIT);
+    array(&a, "a", LINE);
+    let b = Mounted::new(&backing, args, LIMIT);
+    fs::create_dir_all(a.path("a/c")).unwrap();
+    fs::write(a.path("a/c/0"), [0xA0; 16]).unwrap();
+    write_synced(&a.path("a/c/2"), &[0xA2; 16]);
+    (d, backing, a, b)
+}
+
+/// Found by the fourth review: another mount removed an array and made it again while
+/// this one held chunks of it, and their shard writes put the old array's chunks into the
+/// new one. As with a file removed on any file system, they go with the array.
+#[test]
+fn an_array_made_anew_by_another_mount_gets_none_of_the_old_ones_chunks() {
+    let args = ["--chunks-per-shard", "2", "--idle-flush", "600"];
+    let (_d, backing, a, b) = a_with_two_pending_chunks(&args);
+    fs::remove_dir_all(b.path("a")).unwrap();
+    array(&b, "a", LINE);
+    fs::create_dir_all(b.path("a/c")).unwrap();
+    fs::write(b.path("a/c/1"), [0xB1; 16]).unwrap();
+    flush(&b);
+    flush(&a);
+    let check = |m: &Mounted| {
+        assert_eq!(fs::read(m.path("a/c/1")).unwrap(), vec![0xB1; 16]);
+        for gone in ["a/c/0", "a/c/2"] {
+            assert!(!m.path(gone).exists(), "{gone} came into the new array");
+        }
+    };
+    check(&b);
+    assert_eq!(stats(&a)["pending_chunks"], 0);
+    assert_ok(&a.unmount(&[]), "unmount a");
+    let b = crash_and_remount(b, &args);
+    check(&b);
+    assert_ok(&b.unmount(&[]), "unmount b");
+    verify(&backing);
+}
+
+/// Found by the fourth review, the other half: another mount moved the array's directory
+/// while this one held chunks of it, and their shard writes went to the old path (where no
+/// array is) instead of where the array went.
+#[test]
+fn an_array_moved_by_another_mount_gets_the_chunks_written_before() {
+    let args = ["--chunks-per-shard", "2", "--idle-flush", "600"];
+    let (_d, backing, a, b) = a_with_two_pending_chunks(&args);
+    fs::create_dir(b.path("g")).unwrap();
+    fs::rename(b.path("a"), b.path("g/moved")).unwrap();
+    flush(&a);
+    let check = |m: &Mounted| {
+        assert_eq!(fs::read(m.path("g/moved/c/0")).unwrap(), vec![0xA0; 16]);
+        assert_eq!(fs::read(m.path("g/moved/c/2")).unwrap(), vec![0xA2; 16]);
+    };
+    check(&b);
+    assert!(
+        !backing.join("a").exists(),
+        "shards written to the old path"
+    );
+    assert_ok(&a.unmount(&[]), "unmount a");
+    let b = crash_and_remount(b, &args);
+    check(&b);
+    assert_ok(&b.unmount(&[]), "unmount b");
+    verify(&backing);
+}
+
+/// The replay half: a mount died holding a fsynced chunk of an array that another mount
+/// moved; taking its journal over puts the chunk where the array went.
+#[test]
+fn a_dead_mounts_fsynced_chunk_follows_its_array_moved_by_another_mount() {
+    let args = ["--chunks-per-shard", "2", "--idle-flush", "600"];
+    let (_d, backing, a, b) = a_with_two_pending_chunks(&args);
+    fs::rename(b.path("a"), b.path("moved")).unwrap();
+    a.kill_daemon();
+    let _ = a.unmount(&[]);
+    drop(a);
+    await_one_journal(&backing);
+    assert_eq!(fs::read(b.path("moved/c/2")).unwrap(), vec![0xA2; 16]);
+    assert!(!backing.join("a").exists(), "replayed to the old path");
+    assert_ok(&b.unmount(&[]), "unmount b");
+    verify(&backing);
+}

@@ -139,6 +139,24 @@ impl Backing {
         }
     }
 
+    /// Which directory is at `rel` now: its inode and birth time, so that a directory
+    /// removed and made again at the same path is another one. Empty (nothing claimed)
+    /// when nothing is there or the file system tells no birth time: an inode number alone
+    /// proves little (it is reused, and a FUSE file system may number anew at every mount).
+    pub fn dir_instance(&self, rel: &Path) -> String {
+        let Ok(Some(meta)) = self.stat(rel) else {
+            return String::new();
+        };
+        match meta
+            .created()
+            .ok()
+            .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+        {
+            Some(born) => format!("{:x}-{:x}", meta.ino(), born.as_nanos()),
+            None => String::new(),
+        }
+    }
+
     /// Opens a regular file. Anything else (a FIFO, a device, a symbolic link) is refused
     /// without blocking: a request thread must never wait on a FIFO's other end.
     pub fn open_file(&self, rel: &Path, how: OpenMode) -> io::Result<File> {

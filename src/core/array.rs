@@ -15,7 +15,7 @@ use crate::store::Store;
 use crate::zarr::{ArrayMetadata, KeyNode, ShardLayout};
 use std::io;
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct ArrayState {
     /// The array directory, relative to the backing root (the same path in the view).
     pub rel: PathBuf,
@@ -25,6 +25,10 @@ pub struct ArrayState {
     pub view_json: Bytes,
     pub meta_version: FileVersion,
     pub meta_mtime: SystemTime,
+    /// Which directory held the array when its `zarr.json` was read
+    /// (`Backing::dir_instance`): another mount may remove it and make it again, or move
+    /// it, while this one holds chunks of it.
+    pub instance: String,
 }
 
 /// An entry of a directory of the chunk-key tree.
@@ -35,6 +39,14 @@ pub struct KeyEntry {
 }
 
 impl ArrayState {
+    /// The same array, found at `rel` (another mount moved its directory there).
+    pub fn moved_to(&self, rel: PathBuf) -> ArrayState {
+        ArrayState {
+            rel,
+            ..self.clone()
+        }
+    }
+
     /// The shard file's path relative to the backing root.
     pub fn shard_rel(&self, shard: &[u64]) -> PathBuf {
         self.rel.join(self.layout.key_encoding.encode(shard))

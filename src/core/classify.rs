@@ -96,6 +96,7 @@ fn classify_document(
                 view_json: Bytes::from(Node::Array(view).to_json_bytes()),
                 meta_version: version,
                 meta_mtime: mtime,
+                instance: backing.dir_instance(dir),
             })),
             (Ok(None), _) => DirClass::Plain,
             (Err(e), _) | (_, Err(e)) => {

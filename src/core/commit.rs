@@ -187,7 +187,7 @@ impl ShardFs {
         dir: &Path,
         sharded: &ArrayMetadata,
     ) -> Result<Vec<PathBuf>, FsError> {
-        let Some(array) = draft_array(dir, sharded) else {
+        let Some(array) = draft_array(dir, sharded, self.backing.dir_instance(dir)) else {
             return Ok(Vec::new());
         };
         self.unstage(&array, dir, &KeyNode::Root)?;
@@ -424,8 +424,9 @@ fn staged(rel: &Path) -> PathBuf {
     rel.with_file_name(format!(".{name}.shardfs-import"))
 }
 
-/// The array `sharded` would make of `dir`, before its metadata is stored.
-fn draft_array(dir: &Path, sharded: &ArrayMetadata) -> Option<Arc<ArrayState>> {
+/// The array `sharded` would make of `dir` (the directory `instance`), before its
+/// metadata is stored.
+fn draft_array(dir: &Path, sharded: &ArrayMetadata, instance: String) -> Option<Arc<ArrayState>> {
     let layout = ShardLayout::of(sharded).ok().flatten()?;
     let view = unsharded_view(sharded).ok()?;
     Some(Arc::new(ArrayState {
@@ -439,5 +440,6 @@ fn draft_array(dir: &Path, sharded: &ArrayMetadata) -> Option<Arc<ArrayState>> {
             mtime_ns: 0,
         },
         meta_mtime: std::time::SystemTime::now(),
+        instance,
     }))
 }

@@ -282,6 +282,25 @@ impl ShardFs {
         Ok(None)
     }
 
+    /// The array record `r` was written for: at its path, or where another mount moved its
+    /// directory (found by the directory's instance).
+    fn recorded_array(&self, r: &Replayed) -> Result<Option<Arc<ArrayState>>, FsError> {
+        let here = self.array_at(&r.array)?;
+        let Some(instance) = r.instance.as_deref().filter(|i| !i.is_empty()) else {
+            return Ok(here);
+        };
+        if let Some(a) = &here {
+            let now = self.shards.array_instance(&self.backing, &a.rel);
+            if now.is_empty() || now == instance {
+                return Ok(here);
+            }
+        }
+        match self.shards.find_moved(&self.backing, instance) {
+            Some(rel) => Ok(self.array_at(&rel)?.or(here)),
+            None => Ok(here),
+        }
+    }
+
     /// The replay rule: a record becomes its chunk's pending state only into the array it
     /// was written for (same path, the same array there, chunks placed the same way: as a
     /// live mount keeps pending chunks across a rewrite of `zarr.json` that does not move
@@ -290,7 +309,7 @@ impl ShardFs {
     /// and the record goes once that newer state is durable. `after_applied`: an earlier
     /// record of this chunk in the same journal was applied.
     fn replay_verdict(&self, r: &Replayed, after_applied: bool) -> Result<Verdict, FsError> {
-        let Some(array) = self.array_at(&r.array)? else {
+        let Some(array) = self.recorded_array(r)? else {
             return Ok(Verdict::Drop("its array is gone"));
         };
         let recorded = Node::parse(&r.meta).ok().and_then(|n| match n {

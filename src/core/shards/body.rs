@@ -149,7 +149,7 @@ impl ShardRegistry {
     ) -> Result<(), FsError> {
         let layouts: Vec<(Vec<u8>, String)> = shared
             .iter()
-            .map(|(slot, _)| self.layout_of(backing, slot))
+            .map(|(slot, _)| self.layout_of(slot))
             .collect();
         let entries: Vec<Entry> = shared
             .iter()
@@ -193,7 +193,7 @@ impl ShardRegistry {
             // records that say there was none. One that begins after takes this body.
             let (body, taken) = {
                 let _writer = lock(&slot.writing);
-                let Some(body) = self.body_for(backing, journal, slot)? else {
+                let Some(body) = self.body_for(journal, slot)? else {
                     return Ok(false);
                 };
                 (body, self.take(journal, slot, group))
@@ -217,12 +217,7 @@ impl ShardRegistry {
     }
 
     /// The body of the slot's shard, begun if the shard has none and no shard file exists.
-    fn body_for(
-        &self,
-        backing: &Backing,
-        journal: &Journal,
-        slot: &ShardSlot,
-    ) -> Result<Option<Arc<Body>>, FsError> {
+    fn body_for(&self, journal: &Journal, slot: &ShardSlot) -> Result<Option<Arc<Body>>, FsError> {
         // A body becomes its shard by a rename beside it: not when shards live elsewhere.
         if !self.store_is_backing {
             return Ok(None);
@@ -242,7 +237,7 @@ impl ShardRegistry {
                 return Ok(None);
             }
         }
-        let (meta, instance) = self.layout_of(backing, slot);
+        let (meta, instance) = self.layout_of(slot);
         let body = journal.begin_body(&slot.array.rel, &instance, &meta)?;
         lock(&slot.state).body = Some(body.clone());
         Ok(Some(body))

@@ -14,6 +14,7 @@ mod ledger;
 mod list;
 mod records;
 mod stored;
+mod whereabouts;
 mod write;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -71,6 +72,8 @@ pub struct ShardRegistry {
     /// `store` is BACKING itself: shards are files beside the journal, so a body can be
     /// renamed into place and a file synced.
     store_is_backing: bool,
+    /// Where arrays moved by another mount went.
+    sightings: whereabouts::Sightings,
     /// Refused shard writes (a merge into a damaged shard) are logged when booked.
     refusals: Arc<crate::core::refusal::RefusalLog>,
 }
@@ -195,6 +198,7 @@ impl ShardRegistry {
         ShardRegistry {
             store,
             store_is_backing,
+            sightings: Default::default(),
             refusals: refusals.clone(),
             slots: Mutex::default(),
             stats: Stats::default(),
@@ -221,7 +225,13 @@ impl ShardRegistry {
                 let mut slots = lock(&self.slots);
                 let key = (array.rel.clone(), shard.to_vec());
                 match slots.get(&key) {
-                    Some(s) if s.array.layout.same_placement(&array.layout) => {
+                    // The same array, chunks placed the same way (an array another mount
+                    // made anew at the path is another one: its slot is written, which
+                    // drops what the old one held, `whereabouts`).
+                    Some(s)
+                        if s.array.layout.same_placement(&array.layout)
+                            && s.array.instance == array.instance =>
+                    {
                         s.last_used.store(self.tick(), Ordering::Relaxed);
                         return Ok(s.clone());
                     }

@@ -4,7 +4,6 @@
 //! mount's journal. Each is booked in its position's ledger (`ledger.rs`) by `book`.
 
 use std::sync::Arc;
-use std::time::UNIX_EPOCH;
 
 use bytes::Bytes;
 
@@ -32,7 +31,7 @@ impl ShardRegistry {
         let Some(journal) = self.journal() else {
             return;
         };
-        let (meta, instance) = self.layout_of(backing, slot);
+        let (meta, instance) = self.layout_of(slot);
         let pos = slot.array.layout.locate(coords).pos;
         // As for content records (`journal_chunks`): the state named is final and durable.
         let was = {
@@ -139,34 +138,25 @@ impl ShardRegistry {
     }
 
     /// What the journal names the slot's array by: its layout (the sharded `zarr.json`) and
-    /// which array is at its path (`array_instance`).
-    pub(super) fn layout_of(&self, backing: &Backing, slot: &ShardSlot) -> (Vec<u8>, String) {
+    /// which directory held it (`ArrayState::instance`; the one at its path now may be an
+    /// array another mount made anew).
+    pub(super) fn layout_of(&self, slot: &ShardSlot) -> (Vec<u8>, String) {
         let meta = Node::Array(slot.array.meta.clone()).to_json_bytes();
-        (meta, self.array_instance(backing, &slot.array.rel))
+        let instance = if self.store_is_backing {
+            slot.array.instance.clone()
+        } else {
+            String::new()
+        };
+        (meta, instance)
     }
 
-    /// Which array is at `rel` now: its directory's inode and birth time, so that an array
-    /// removed and made again at the same path (even with the same `zarr.json`) is another
-    /// one. Empty (not known) when BACKING is an object store's mirror (made anew at every
-    /// mount) or its file system tells no birth time.
+    /// Which array is at `rel` now (`Backing::dir_instance`). Empty (not known) when
+    /// BACKING is an object store's mirror (made anew at every mount).
     pub(crate) fn array_instance(&self, backing: &Backing, rel: &std::path::Path) -> String {
         if !self.store_is_backing {
             return String::new();
         }
-        let Ok(Some(meta)) = backing.stat(rel) else {
-            return String::new();
-        };
-        use std::os::unix::fs::MetadataExt;
-        // Without a birth time an inode number proves little (it is reused, and a FUSE
-        // file system may number anew at every mount): then nothing is claimed.
-        match meta
-            .created()
-            .ok()
-            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        {
-            Some(born) => format!("{:x}-{:x}", meta.ino(), born.as_nanos()),
-            None => String::new(),
-        }
+        backing.dir_instance(rel)
     }
 
     /// A dead mount's record of a chunk this mount holds a newer state of: booked in the

@@ -12,15 +12,17 @@ use std::time::Instant;
 use bytes::Bytes;
 use tracing::{debug, error, warn};
 
-use super::super::array::lock;
+use super::super::array::{ArrayState, lock};
 use super::super::error::FsError;
 use super::super::memfile::MemFile;
 use super::super::stats::Stats;
 use super::body::InBody;
 use super::stored::{StoredIndex, open_shard};
+use super::whereabouts::Whereabouts;
 use super::{Failure, ShardRegistry, ShardSlot};
 use crate::backing::Backing;
 use crate::errno::ToErrno;
+use crate::journal::Journal;
 use crate::journal::RecordRef;
 use crate::journal::body::Finishing;
 use crate::shard::{ChunkRange, IndexFormat, IndexLocation, ShardBuilder, ShardIndex};
@@ -118,7 +120,7 @@ impl ShardRegistry {
         // The shard's body is taken first (no more appends), before the chunks are chosen:
         // whatever an fsync put into it is then pending at the version chosen or later.
         let body = lock(&slot.state).body.clone();
-        let mut finishing = match (&body, &journal) {
+        let finishing = match (&body, &journal) {
             (Some(b), Some(j)) => Some(j.finish_body(b)),
             _ => None,
         };
@@ -140,26 +142,60 @@ impl ShardRegistry {
             }
             return Ok(());
         };
-        let rel = slot.array.shard_rel(&slot.shard);
-        let format = slot.array.layout.index.clone();
-        let job = ShardJob {
-            backing,
-            rel: &rel,
-            format: &format,
-            chosen: &taken.chosen,
-            deleted: &taken.deleted,
-            times: &taken.times,
-            cached: taken.cached.as_ref(),
-            mode,
+        let (array, result) = match self.whereabouts(backing, &slot.array) {
+            Whereabouts::At(array) => {
+                let moved = !Arc::ptr_eq(&array, &slot.array);
+                let job = ShardJob {
+                    backing,
+                    rel: &array.shard_rel(&slot.shard),
+                    format: &array.layout.index,
+                    chosen: &taken.chosen,
+                    deleted: &taken.deleted,
+                    times: &taken.times,
+                    cached: taken.cached.as_ref().filter(|_| !moved),
+                    mode,
+                };
+                let result = self.run_job(&job, journal.as_deref(), finishing, &in_body);
+                // The slot's cached index is of the shard at its own path.
+                let result = result.map(|w| Written {
+                    stored: w.stored.filter(|_| !moved),
+                    ..w
+                });
+                (array, result)
+            }
+            // Nothing to write: what was taken leaves as if written, and its records retire
+            // (a replay would drop them, their array being gone).
+            Whereabouts::Gone => {
+                if let (Some(j), Some(f)) = (&journal, &finishing) {
+                    j.body_abandoned(f);
+                }
+                let gone = Written {
+                    stored: None,
+                    from_body: false,
+                    durable: true,
+                };
+                (slot.array.clone(), Ok(gone))
+            }
         };
-        let result = self.contained(backing, &rel, || match finishing.as_mut() {
-            Some(f) => match job.run_body(self, f, &in_body)? {
+        self.after_write(slot, &array, &taken, mode, result)
+    }
+
+    /// Runs `job`, from the shard's body if it has one (`finishing`), and settles the body.
+    fn run_job(
+        &self,
+        job: &ShardJob,
+        journal: Option<&Journal>,
+        mut finishing: Option<Finishing>,
+        in_body: &BTreeMap<usize, InBody>,
+    ) -> Result<Written, FsError> {
+        let result = self.contained(job.backing, job.rel, || match finishing.as_mut() {
+            Some(f) => match job.run_body(self, f, in_body)? {
                 Some(written) => Ok(written),
                 None => job.run(self),
             },
             None => job.run(self),
         });
-        if let (Some(j), Some(f)) = (&journal, &finishing) {
+        if let (Some(j), Some(f)) = (journal, &finishing) {
             match &result {
                 // Out of the books only once durable: until the journal's directory is
                 // synced, the body may come back after a crash, and its records still need
@@ -168,8 +204,7 @@ impl ShardRegistry {
                 _ => j.body_abandoned(f),
             }
         }
-        drop(finishing);
-        self.after_write(slot, &taken, mode, result)
+        result
     }
 
     /// Runs a shard write; a panic in it becomes an error (the chunks stay pending).
@@ -193,6 +228,7 @@ impl ShardRegistry {
     fn after_write(
         &self,
         slot: &ShardSlot,
+        array: &ArrayState,
         taken: &Taken,
         mode: WriteMode,
         result: Result<Written, FsError>,
@@ -206,7 +242,7 @@ impl ShardRegistry {
                 if now {
                     self.retire(records);
                 } else {
-                    self.note_unsynced(&slot.array, &slot.shard, records);
+                    self.note_unsynced(array, &slot.shard, records);
                 }
                 // The new index counts against the cache (checked with no slot locked).
                 self.evict_if_over();
@@ -214,7 +250,7 @@ impl ShardRegistry {
             }
             Err(e) => {
                 Stats::add(&self.stats.write_errors, 1);
-                let rel = slot.array.shard_rel(&slot.shard);
+                let rel = array.shard_rel(&slot.shard);
                 match &e {
                     FsError::Refused(r) => self.refusals.note(r),
                     _ => warn!(shard = %self.describe(&rel),

@@ -1,0 +1,137 @@
+//! Where the array of a shard's pending chunks is now. Another mount sharing BACKING may
+//! remove an array and make it again at the same path, or move its directory, while this
+//! mount still holds chunks of it. As with a file on any POSIX file system, what was written
+//! into a removed array is gone with it (it must never show up in the array made anew), and
+//! what was written into a moved one goes where the array went (never to the old path,
+//! where no array is). The array is known by its directory (`ArrayState::instance`) and its
+//! `zarr.json` (`ArrayState::meta_version`).
+
+use std::collections::{HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::super::array::{ArrayState, lock};
+use super::super::memfile::MAX_METADATA_BYTES;
+use super::ShardRegistry;
+use crate::backing::{Backing, EntryKind, FileVersion};
+use crate::zarr::{METADATA_FILE, Node};
+
+/// How many directories a search for a moved array looks at before it gives up.
+const SEARCH_LIMIT: usize = 100_000;
+/// How long "not found" is believed: a replay asks once per record.
+const NOT_FOUND_FOR: Duration = Duration::from_secs(2);
+/// Sightings kept at most (each is a directory's instance and path).
+const SIGHTINGS_KEPT: usize = 1024;
+
+/// Where directories were last found, by instance: many shard writes (or replayed
+/// records) of one moved array search once.
+#[derive(Debug, Default)]
+pub(crate) struct Sightings(Mutex<HashMap<String, (Option<PathBuf>, Instant)>>);
+
+impl Sightings {
+    fn find(&self, backing: &Backing, instance: &str) -> Option<PathBuf> {
+        let seen = lock(&self.0).get(instance).cloned();
+        match seen {
+            Some((Some(rel), _)) if backing.dir_instance(&rel) == instance => return Some(rel),
+            Some((None, at)) if at.elapsed() < NOT_FOUND_FOR => return None,
+            _ => {}
+        }
+        let found = find_dir(backing, instance);
+        let mut map = lock(&self.0);
+        if map.len() >= SIGHTINGS_KEPT {
+            map.clear();
+        }
+        map.insert(instance.to_string(), (found.clone(), Instant::now()));
+        found
+    }
+}
+
+pub(super) enum Whereabouts {
+    /// The array is here (where it was, or where it was moved to).
+    At(Arc<ArrayState>),
+    /// The array was removed (and perhaps another made at its path).
+    Gone,
+}
+
+impl ShardRegistry {
+    /// Where `array` is now: looked at before each shard write, which costs a `stat`.
+    pub(super) fn whereabouts(&self, backing: &Backing, array: &Arc<ArrayState>) -> Whereabouts {
+        if !self.store_is_backing || array.instance.is_empty() {
+            return Whereabouts::At(array.clone());
+        }
+        if backing.dir_instance(&array.rel) == array.instance
+            || same_document(backing, array, &array.rel)
+        {
+            return Whereabouts::At(array.clone());
+        }
+        match self.find_moved(backing, &array.instance) {
+            Some(rel) => {
+                tracing::info!(array = %array.rel.display(), now = %rel.display(),
+                    "array moved by another mount: its chunks go where it went");
+                Whereabouts::At(Arc::new(array.moved_to(rel)))
+            }
+            None => {
+                tracing::warn!(array = %array.rel.display(),
+                    "array removed by another mount: the chunks written into it here go \
+                     with it");
+                Whereabouts::Gone
+            }
+        }
+    }
+}
+
+impl ShardRegistry {
+    /// The directory of BACKING whose instance (`Backing::dir_instance`) is `instance`:
+    /// where an array went that another mount moved.
+    pub(crate) fn find_moved(&self, backing: &Backing, instance: &str) -> Option<PathBuf> {
+        if !self.store_is_backing || instance.is_empty() {
+            return None;
+        }
+        self.sightings.find(backing, instance)
+    }
+}
+
+/// Whether the `zarr.json` at `dir` is the very file the array was read from: a directory
+/// made anew with the old document moved into it is still that array.
+fn same_document(backing: &Backing, array: &ArrayState, dir: &Path) -> bool {
+    match backing.stat(&dir.join(METADATA_FILE)) {
+        Ok(Some(m)) => FileVersion::of(&m) == array.meta_version,
+        _ => false,
+    }
+}
+
+/// The directory of BACKING whose instance is `instance`, breadth first. An array's own
+/// key tree is never entered (arrays hold no arrays), nor shardfs's own directory.
+fn find_dir(backing: &Backing, instance: &str) -> Option<PathBuf> {
+    let mut queue = VecDeque::from([PathBuf::new()]);
+    let mut seen = 0;
+    while let Some(dir) = queue.pop_front() {
+        seen += 1;
+        if seen > SEARCH_LIMIT {
+            tracing::warn!("moved array not searched for beyond {SEARCH_LIMIT} directories");
+            return None;
+        }
+        if !dir.as_os_str().is_empty() && backing.dir_instance(&dir) == instance {
+            return Some(dir);
+        }
+        if holds_array(backing, &dir) {
+            continue;
+        }
+        let Ok(entries) = backing.list(&dir) else {
+            continue;
+        };
+        for e in entries {
+            let top_own = dir.as_os_str().is_empty() && e.name == ".shardfs";
+            if e.kind == EntryKind::Dir && !top_own {
+                queue.push_back(dir.join(&e.name));
+            }
+        }
+    }
+    None
+}
+
+fn holds_array(backing: &Backing, dir: &Path) -> bool {
+    let doc = backing.read_at_most(&dir.join(METADATA_FILE), MAX_METADATA_BYTES);
+    matches!(doc, Ok(Some(bytes)) if matches!(Node::parse(&bytes), Ok(Node::Array(_))))
+}
