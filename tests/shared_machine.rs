@@ -303,3 +303,116 @@ fn a_file_with_a_long_name_in_an_array_is_written() {
     common::assert_ok(&m.unmount(&[]), "unmount");
     assert_eq!(fs::read(backing.join("a").join(&name)).unwrap(), b"notes");
 }
+
+/// A BACKING with a dead mount's journal: chunk 1 of array `a` fsynced as 0x11, then the
+/// daemon killed.
+fn dead_journal() -> (tempfile::TempDir, std::path::PathBuf) {
+    let (d, backing, _) = dirs();
+    let m = common::mount::Mounted::new(&backing, &["--chunks-per-shard", "4"], LIMIT);
+    fs::create_dir(m.path("a")).unwrap();
+    fs::write(m.path("a/zarr.json"), common::LINE_ARRAY).unwrap();
+    fs::create_dir(m.path("a/c")).unwrap();
+    let mut f = fs::File::create(m.path("a/c/1")).unwrap();
+    std::io::Write::write_all(&mut f, &[0x11; 16]).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    m.kill_daemon();
+    let _ = m.unmount(&[]);
+    (d, backing)
+}
+
+fn journal_files(backing: &Path) -> Vec<std::path::PathBuf> {
+    let mut out: Vec<_> = fs::read_dir(backing.join(".shardfs/journal"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    out.sort();
+    out
+}
+
+/// Issue 18, defect 3: a journal planted by another user who can write BACKING was
+/// replayed as root into anyone's arrays. Only journals the mount's user owns, that
+/// nobody else may write and that have one name are replayed; the others stay, said in
+/// the log.
+#[test]
+fn a_journal_another_user_could_have_written_is_not_replayed() {
+    type Tamper = fn(&Path);
+    let untouched: Tamper = |_| {};
+    let theirs: Tamper = |p| std::os::unix::fs::chown(p, Some(65534), Some(65534)).unwrap();
+    let open: Tamper = |p| fs::set_permissions(p, fs::Permissions::from_mode(0o666)).unwrap();
+    let linked: Tamper = |p| {
+        if p.extension().is_some_and(|e| e == "seg") {
+            fs::hard_link(p, p.with_extension("elsewhere")).unwrap();
+        }
+    };
+    for (tamper, replayed, why) in [
+        (untouched, true, ""),
+        (theirs, false, "owned by uid 65534"),
+        (open, false, "writable by others"),
+        (linked, false, "names (hard links)"),
+    ] {
+        let (_d, backing) = dead_journal();
+        let files = journal_files(&backing);
+        assert!(
+            files
+                .iter()
+                .any(|f| f.extension().is_some_and(|e| e == "seg"))
+        );
+        for f in &files {
+            tamper(f);
+        }
+        let m = common::mount::Mounted::new(&backing, &["--chunks-per-shard", "4"], LIMIT);
+        let chunk = fs::read(m.path("a/c/1")).ok();
+        let log = m.log_text();
+        common::assert_ok(&m.unmount(&[]), "unmount");
+        if replayed {
+            assert_eq!(chunk, Some(vec![0x11; 16]), "the mount's own journal");
+            continue;
+        }
+        assert_eq!(chunk, None, "replayed a journal that {why}");
+        assert!(
+            log.contains("journal not replayed") && log.contains(why),
+            "{log}"
+        );
+        for f in &files {
+            assert!(f.exists(), "{} removed", f.display());
+        }
+    }
+}
+
+/// Issue 18, defect 3: a journal directory another user made (or may write) is refused
+/// with a clear error: a journal kept there could be swapped for a forged one.
+#[test]
+fn a_journal_directory_another_user_may_write_is_refused() {
+    for mode in [None, Some(0o777)] {
+        let (d, backing, _) = dirs();
+        let dir = backing.join(".shardfs");
+        fs::create_dir(&dir).unwrap();
+        match mode {
+            None => std::os::unix::fs::chown(&dir, Some(65534), Some(65534)).unwrap(),
+            Some(m) => fs::set_permissions(&dir, fs::Permissions::from_mode(m)).unwrap(),
+        }
+        let mnt = d.path().join("mnt");
+        fs::create_dir(&mnt).unwrap();
+        let out = run_timeout(
+            Command::new(common::shardfs_bin()).args([
+                "mount",
+                backing.to_str().unwrap(),
+                mnt.to_str().unwrap(),
+                "--log-file",
+                d.path().join("log").to_str().unwrap(),
+            ]),
+            LIMIT,
+        );
+        if is_mounted(&mnt) {
+            let _ = common::shardfs(&["unmount", mnt.to_str().unwrap()]);
+        }
+        let err = common::stderr(&out);
+        assert!(!out.status.success(), "mounted over {mode:?}");
+        assert!(
+            err.contains(".shardfs") && err.contains("forged by another user"),
+            "{err}"
+        );
+        assert!(!dir.join("journal").exists(), "a journal was begun there");
+    }
+}

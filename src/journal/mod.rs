@@ -15,6 +15,7 @@
 
 pub mod body;
 pub mod record;
+mod trust;
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -26,7 +27,7 @@ use std::sync::{Condvar, Mutex};
 
 use bytes::Bytes;
 use serde::Serialize;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::backing::{Backing, OpenMode, is_absent};
 use crate::core::array::lock;
@@ -174,6 +175,8 @@ pub struct Journal {
     poisoned: Mutex<Option<String>>,
     /// When dead mounts' journals were last looked for by a live mount.
     last_adoption: Mutex<Option<std::time::Instant>>,
+    /// Journals of others found in the directory (`trust`), said once each.
+    refused: Mutex<std::collections::BTreeSet<String>>,
     /// The OFD lock that tells other mounts this journal is alive.
     _alive: File,
     group_commits: AtomicU64,
@@ -185,7 +188,8 @@ impl Journal {
     /// Begins this mount's journal.
     pub fn open(backing: &Backing) -> io::Result<Journal> {
         let dir = Path::new(JOURNAL_DIR);
-        backing.create_dir_all(dir)?;
+        trust::ensure_dir(backing, dir.parent().unwrap_or(dir))?;
+        trust::ensure_dir(backing, dir)?;
         // A journal directory just made is durable only once BACKING's root is synced.
         backing.sync_dir_chain(dir)?;
         let id = new_id();
@@ -213,6 +217,7 @@ impl Journal {
             unrecorded: Mutex::default(),
             poisoned: Mutex::default(),
             last_adoption: Mutex::default(),
+            refused: Mutex::default(),
             _alive: alive,
             group_commits: AtomicU64::new(0),
             journaled_chunks: AtomicU64::new(0),
@@ -588,13 +593,24 @@ impl Journal {
                 Err(e) if is_absent(&e) => continue,
                 Err(e) => return Err(e),
             };
+            if let Some(why) = trust::untrusted(&file.metadata()?) {
+                self.refuse(&id, trust::refused(&self.backing.path(&lock_rel), &why));
+                continue;
+            }
             // Alive elsewhere: not ours to take. The lock is kept (leaked) while we hold
             // its records, so that no third mount takes them too.
             if !crate::backing::lock::try_lock(&file)? {
                 continue;
             }
             let before = out.len();
-            self.read_journal(&id, &mut out)?;
+            match self.read_journal(&id, &mut out) {
+                Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+                    out.truncate(before);
+                    self.refuse(&id, e);
+                    continue;
+                }
+                other => other?,
+            }
             info!(journal = %id, records = out.len() - before, "journal of a mount that is gone taken over");
             if !self.has_segments_of(&id) {
                 let _ = self.backing.remove_file(&lock_rel);
@@ -607,6 +623,14 @@ impl Journal {
         // Bodies with nothing live in them (begun, never appended to) go now.
         self.retire_body_records(&[])?;
         Ok(out)
+    }
+
+    /// A journal not to be believed (`trust`): never replayed, left where it is, and said
+    /// once (adoption looks again every second).
+    fn refuse(&self, id: &str, why: io::Error) {
+        if lock(&self.refused).insert(id.to_string()) {
+            error!(journal = %id, "journal not replayed, left in place: {why}");
+        }
     }
 
     /// Whether a live mount should look for dead mounts' journals now (once a second).
@@ -686,8 +710,10 @@ impl Journal {
                 true => MAX_BODY_BYTES,
                 false => SEGMENT_BYTES + crate::core::memfile::MAX_FILE_BYTES + (1 << 20),
             };
-            let bytes = match self.backing.read_at_most(&path, limit) {
-                Ok(b) => Bytes::from(b.unwrap_or_default()),
+            let bytes = match trust::read_trusted(&self.backing, &path, limit) {
+                Ok(b) => Bytes::from(b),
+                Err(e) if is_absent(&e) => Bytes::new(),
+                Err(e) if e.kind() == io::ErrorKind::PermissionDenied => return Err(e),
                 Err(e) => {
                     return Err(io::Error::new(
                         e.kind(),
