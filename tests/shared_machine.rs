@@ -416,3 +416,32 @@ fn a_journal_directory_another_user_may_write_is_refused() {
         assert!(!dir.join("journal").exists(), "a journal was begun there");
     }
 }
+
+/// Issue 18, defect 9: a `zarr.json` asking for 2^22 chunks per shard made a 1-byte write
+/// a 64 MiB shard (its index). Shard indexes are bounded at 16 MiB: such an array is shown
+/// as it is, and says why in the log.
+#[test]
+fn an_index_larger_than_16_mib_is_refused() {
+    let (_d, backing, _) = dirs();
+    let n = 1u64 << 22;
+    let doc = serde_json::json!({
+        "zarr_format": 3, "node_type": "array", "shape": [n], "data_type": "uint8",
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [n]}},
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+        "fill_value": 0, "attributes": {},
+        "codecs": [{"name": "sharding_indexed", "configuration": {
+            "chunk_shape": [1], "codecs": [{"name": "bytes"}],
+            "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}},
+                             {"name": "crc32c"}],
+            "index_location": "end"}}]
+    });
+    fs::create_dir(backing.join("a")).unwrap();
+    fs::write(backing.join("a/zarr.json"), doc.to_string()).unwrap();
+    let m = common::mount::Mounted::new(&backing, &[], LIMIT);
+    fs::create_dir_all(m.path("a/c")).unwrap();
+    fs::write(m.path("a/c/0"), [7u8]).unwrap();
+    let log = m.log_text();
+    common::assert_ok(&m.unmount(&[]), "unmount");
+    assert_eq!(fs::metadata(backing.join("a/c/0")).unwrap().len(), 1);
+    assert!(log.contains("more than the 16 MiB"), "{log}");
+}

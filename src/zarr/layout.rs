@@ -13,9 +13,11 @@ use crate::shard::{Endian, IndexCodec, IndexFormat, IndexLocation};
 
 pub const SHARDING_CODEC: &str = "sharding_indexed";
 
-/// The most inner chunks one shard may hold (a 256 MiB index). Larger counts come only from
-/// broken or hostile metadata, and would make index buffers explode.
-pub const MAX_CHUNKS_PER_SHARD: u64 = 1 << 24;
+/// The most inner chunks one shard may hold: its index (16 bytes a chunk) is at most 16 MiB.
+/// Every write of a shard writes its whole index, so a count the metadata may ask for
+/// freely (2^24 made a 2-byte write a 256 MiB shard) is a cost anyone writing a `zarr.json`
+/// could impose on the daemon and the disk; an array asking for more is shown as it is.
+pub const MAX_CHUNKS_PER_SHARD: u64 = 1 << 20;
 
 /// The `configuration` of a `sharding_indexed` codec.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -66,7 +68,10 @@ pub enum LayoutError {
         "inner codecs shard again (nested sharding_indexed); inner chunks are not plain chunks"
     )]
     NestedSharding,
-    #[error("{0} inner chunks per shard, more than the {MAX_CHUNKS_PER_SHARD} shardfs handles")]
+    #[error(
+        "{0} inner chunks per shard: its index would be more than the 16 MiB \
+         ({MAX_CHUNKS_PER_SHARD} chunks) shardfs writes with every shard"
+    )]
     TooManyChunksPerShard(u128),
     #[error("unsupported index codecs {0} (shardfs supports bytes, optionally followed by crc32c)")]
     UnsupportedIndexCodecs(String),
@@ -175,6 +180,13 @@ mod chunk_count_tests {
         assert!(super::check_chunk_count(&[1 << 63, 1 << 63, 4]).is_err());
         assert!(super::check_chunk_count(&[u64::MAX, u64::MAX]).is_err());
         assert!(super::check_chunk_count(&[4, 4]).is_ok());
+    }
+
+    #[test]
+    fn an_index_over_16_mib_is_too_many() {
+        assert!(super::check_chunk_count(&[1 << 10, 1 << 10]).is_ok());
+        let err = super::check_chunk_count(&[1 << 10, 1 << 11]).unwrap_err();
+        assert!(err.to_string().contains("16 MiB"), "{err}");
     }
 }
 
