@@ -466,7 +466,8 @@ fn finish(
     };
     let mut failed = flush();
     let deadline = Instant::now() + EXIT_RETRY;
-    while !failed.is_empty() && Instant::now() < deadline {
+    let giving_up = || core.giving_up.load(std::sync::atomic::Ordering::SeqCst);
+    while !failed.is_empty() && Instant::now() < deadline && !giving_up() {
         error!(
             "{} items not written yet, retrying: {}",
             failed.len(),
@@ -708,7 +709,7 @@ pub fn flush(mountpoint: &Path, path: Option<&Path>) -> Result<String, DaemonErr
 }
 
 /// `shardfs unmount`: unmount, then wait for the daemon to finish writing and exit.
-pub fn unmount(mountpoint: &Path, lazy: bool) -> Result<(), DaemonError> {
+pub fn unmount(mountpoint: &Path, lazy: bool, give_up: bool) -> Result<(), DaemonError> {
     if is_dead_mount(mountpoint) {
         let shown = mountpoint.display().to_string();
         detach(mountpoint).map_err(io_err(mountpoint))?;
@@ -723,11 +724,19 @@ pub fn unmount(mountpoint: &Path, lazy: bool) -> Result<(), DaemonError> {
     let info = read_control(&control)?;
     // Everything pending is written while the mount is still there: when that fails, the
     // mount stays (nothing is lost) and the failures are named.
+    let mut given_up = None;
     if let Err(e) = control_flush(&control, "flush") {
         let what = not_written(&control);
-        return Err(DaemonError::Unclean(format!(
-            "pending data could not be written ({e}); {shown} stays mounted. Not written: {what}"
-        )));
+        if !give_up {
+            return Err(DaemonError::Unclean(format!(
+                "pending data could not be written ({e}); {shown} stays mounted. Not written: \
+                 {what}. Fix the cause and unmount again, or give it up: `shardfs unmount \
+                 --give-up {shown}` (what was fsynced stays in the journal, for the next \
+                 mount to write; the rest is lost)"
+            )));
+        }
+        control_flush(&control, "give-up").map_err(io_err(&control))?;
+        given_up = Some(what);
     }
     let c = CString::new(mountpoint.as_os_str().as_bytes())
         .map_err(|_| DaemonError::NotShardfs(shown.clone()))?;
@@ -749,6 +758,12 @@ pub fn unmount(mountpoint: &Path, lazy: bool) -> Result<(), DaemonError> {
     let status = fs::read_to_string(&info.status_file);
     // Read once, by the one who asked: it has served its purpose.
     let _ = fs::remove_file(&info.status_file);
+    if let Some(what) = given_up {
+        return Err(DaemonError::Unclean(format!(
+            "unmounted, giving up on: {what}. What of it was fsynced stays in the journal, \
+             for the next mount of BACKING to write"
+        )));
+    }
     match status {
         Ok(s) if s.trim() == "ok" => Ok(()),
         Ok(s) => Err(DaemonError::Unclean(s.trim().to_string())),

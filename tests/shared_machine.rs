@@ -445,3 +445,88 @@ fn an_index_larger_than_16_mib_is_refused() {
     assert_eq!(fs::metadata(backing.join("a/c/0")).unwrap().len(), 1);
     assert!(log.contains("more than the 16 MiB"), "{log}");
 }
+
+/// Issue 18, defect 8 (the other half): a chunk written into a damaged shard made
+/// `shardfs unmount` refuse for ever. It still refuses (nothing is lost unasked) and says
+/// how to give up; `--give-up` unmounts at once, names what it gives up, and leaves the
+/// fsynced chunk in the journal: once the damaged shard is moved away, the next mount
+/// writes it.
+#[test]
+fn unmount_never_refuses_for_ever() {
+    let (d, backing, _) = dirs();
+    let args = ["--chunks-per-shard", "4"];
+    let m = common::mount::Mounted::new(&backing, &args, LIMIT);
+    fs::create_dir(m.path("a")).unwrap();
+    fs::write(m.path("a/zarr.json"), common::LINE_ARRAY).unwrap();
+    fs::create_dir(m.path("a/c")).unwrap();
+    for i in 0..4 {
+        fs::write(m.path(&format!("a/c/{i}")), [i as u8 + 1; 16]).unwrap();
+    }
+    common::assert_ok(
+        &common::shardfs(&["flush", m.mountpoint.to_str().unwrap()]),
+        "flush",
+    );
+    // The index's checksum (the shard's last 4 bytes) no longer matches.
+    let shard = backing.join("a/c/0");
+    let mut bytes = fs::read(&shard).unwrap();
+    *bytes.last_mut().unwrap() ^= 0xFF;
+    fs::write(&shard, &bytes).unwrap();
+    fs::write(m.path("a/c/1"), [0x51; 16]).unwrap();
+    let mut f = fs::File::create(m.path("a/c/2")).unwrap();
+    std::io::Write::write_all(&mut f, &[0x52; 16]).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    let mnt = m.mountpoint.to_str().unwrap().to_string();
+    let refused = common::shardfs(&["unmount", &mnt]);
+    let err = common::stderr(&refused);
+    assert!(
+        !refused.status.success() && is_mounted(&m.mountpoint),
+        "{err}"
+    );
+    assert!(err.contains("a/c/0") && err.contains("--give-up"), "{err}");
+    let start = Instant::now();
+    let given_up = common::shardfs(&["unmount", "--give-up", &mnt]);
+    let err = common::stderr(&given_up);
+    assert!(!is_mounted(&m.mountpoint), "{err}");
+    assert!(
+        start.elapsed() < Duration::from_secs(20),
+        "retried for long"
+    );
+    assert!(
+        !given_up.status.success() && err.contains("giving up on"),
+        "{err}"
+    );
+    assert!(err.contains("a/c/0"), "{err}");
+    assert!(!m.daemon_alive());
+    assert!(
+        !common::mount::journal_ids(&backing).is_empty(),
+        "journal gone"
+    );
+    // While the shard is damaged, the journal cannot be written into it: the mount is
+    // refused, naming the shard and the fix.
+    let mnt = d.path().join("again");
+    fs::create_dir(&mnt).unwrap();
+    let again = run_timeout(
+        Command::new(common::shardfs_bin())
+            .args(["mount", backing.to_str().unwrap(), mnt.to_str().unwrap()])
+            .args(args),
+        LIMIT,
+    );
+    if is_mounted(&mnt) {
+        let _ = common::shardfs(&["unmount", mnt.to_str().unwrap()]);
+    }
+    let err = common::stderr(&again);
+    assert!(!again.status.success(), "mounted over a damaged shard");
+    assert!(
+        err.contains("a/c/0") && err.contains("restore the shard"),
+        "{err}"
+    );
+    fs::rename(&shard, d.path().join("damaged-shard")).unwrap();
+    let m = common::mount::Mounted::new(&backing, &args, LIMIT);
+    assert_eq!(fs::read(m.path("a/c/2")).unwrap(), vec![0x52; 16]);
+    assert!(
+        !m.path("a/c/1").exists(),
+        "a chunk nobody fsynced came back"
+    );
+    common::assert_ok(&m.unmount(&[]), "unmount");
+}

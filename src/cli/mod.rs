@@ -92,6 +92,11 @@ enum Command {
         /// Detach now even if files are open; the daemon exits when the last one closes.
         #[arg(long)]
         lazy: bool,
+        /// Unmount even when pending data cannot be written (a damaged shard, a full or
+        /// failing disk): what was fsynced stays in the journal for the next mount, the
+        /// rest is lost; what is given up is named.
+        #[arg(long)]
+        give_up: bool,
     },
 }
 
@@ -339,8 +344,12 @@ pub fn main() -> ExitCode {
             watch,
             interval,
         } => return stats::run(&mountpoint, json, watch, interval),
-        Command::Unmount { mountpoint, lazy } => {
-            return report_daemon(crate::daemon::unmount(&mountpoint, lazy));
+        Command::Unmount {
+            mountpoint,
+            lazy,
+            give_up,
+        } => {
+            return report_daemon(crate::daemon::unmount(&mountpoint, lazy, give_up));
         }
         Command::InstallMountHelper { prefix } => return install_mount_helper(&prefix),
         Command::Completions { shell } => {

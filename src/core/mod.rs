@@ -114,6 +114,8 @@ pub struct ShardFs {
     pub(crate) published: Option<Arc<dyn crate::store::Store>>,
     /// Where refused requests are logged, and counted.
     pub refusals: Arc<refusal::RefusalLog>,
+    /// `shardfs unmount --give-up` asked: the final flush is tried once, not retried.
+    pub(crate) giving_up: std::sync::atomic::AtomicBool,
 }
 
 /// Orders the changes of pending chunks against the few operations during which none may
@@ -184,6 +186,7 @@ impl ShardFs {
             plain_names: std::sync::RwLock::new(()),
             gate: Gate::default(),
             unreplayed: std::sync::Mutex::default(),
+            giving_up: Default::default(),
             published: None,
         }
     }

@@ -1105,9 +1105,16 @@ impl ShardFs {
     }
 
     /// The writes of the control file: `flush` writes everything pending now, durably;
-    /// `flush PATH` (relative to the mount's root) what lies below PATH.
+    /// `flush PATH` (relative to the mount's root) what lies below PATH; `give-up` makes
+    /// the unmount that follows try the final flush once instead of retrying.
     pub fn control_command(&self, command: &str) -> Result<(), FsError> {
         let command = command.trim();
+        if command == "give-up" {
+            warn!("unmount asked to give up on what cannot be written");
+            self.giving_up
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+            return Ok(());
+        }
         let below = match command.strip_prefix("flush") {
             Some(rest) if rest.is_empty() || rest.starts_with(' ') => {
                 PathBuf::from(rest.trim().trim_matches('/'))
