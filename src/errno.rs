@@ -41,9 +41,10 @@ impl ToErrno for Rule {
             Rule::LayoutChangeWhilePending => libc::EBUSY,
             Rule::DamagedShard | Rule::MergeIntoDamagedShard => libc::EIO,
             Rule::KeyDirectoryMove | Rule::ObjectStoreDirectoryRename => libc::EXDEV,
-            Rule::SpecialFileInArray | Rule::ShardfsOwnFile | Rule::TruncateTranslated => {
-                libc::EPERM
-            }
+            Rule::SpecialFileInArray
+            | Rule::ShardfsOwnFile
+            | Rule::TruncateTranslated
+            | Rule::ChunkOwnership => libc::EPERM,
             Rule::ObjectStoreInPlaceChange => libc::EOPNOTSUPP,
         }
     }

@@ -110,6 +110,9 @@ impl KeyLock {
         durability: Durability,
     ) -> io::Result<(Metadata, Option<u64>)> {
         let len: u64 = buffers.iter().map(|b| b.len() as u64).sum();
+        // What the mount writes on its own belongs to its directory's owner (`owner`).
+        let dir = File::from(self.dir.try_clone()?).metadata()?;
+        super::owner::give(&self.file, super::FileOwner::for_file_in(&dir))?;
         // A stale, longer lock file left by a writer that died is cut to size.
         self.file.set_len(0)?;
         crate::shard::write_all_vectored(&mut self.file, buffers)?;

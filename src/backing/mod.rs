@@ -22,8 +22,10 @@ use std::time::SystemTime;
 use bytes::Bytes;
 use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags, Timestamps};
 
+pub mod owner;
 pub use beneath::EntryKind;
 use beneath::{errno, split};
+pub use owner::FileOwner;
 
 /// What identifies one version of a file: a rewrite (new inode by rename, or new size or
 /// mtime in place) changes it.
@@ -242,9 +244,19 @@ impl Backing {
         if let Some(parent) = rel.parent() {
             self.create_dir_all(parent)?;
         }
-        match self.mkdir(rel, 0o755) {
+        match self.mkdir(rel, 0o700) {
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
-            other => other,
+            Err(e) => Err(e),
+            // Made 0700 until it is its parent's owner's, with the parent's mode: nobody
+            // else may use it before.
+            Ok(()) => {
+                let parent = self.stat(rel.parent().unwrap_or(Path::new("")))?;
+                let made = File::from(self.dir(rel)?);
+                match parent {
+                    Some(p) => owner::give(&made, FileOwner::for_dir_in(&p)),
+                    None => Ok(()),
+                }
+            }
         }
     }
 
@@ -340,6 +352,24 @@ impl Backing {
         Ok(())
     }
 
+    /// Gives what was just made at `rel` (a directory, link or special file of type `ty`,
+    /// an `S_IFMT` value) to `uid`/`gid`, on a descriptor of the inode found there, and
+    /// only if it is of that type: someone who may write the directory could have put a
+    /// hard link to another file at the name meanwhile.
+    pub fn chown_made(&self, rel: &Path, ty: u32, uid: u32, gid: Option<u32>) -> io::Result<()> {
+        let fd = self.open_beneath(rel, OFlags::PATH | OFlags::NOFOLLOW, 0)?;
+        let st = rustix::fs::fstat(&fd)?;
+        if st.st_mode & libc::S_IFMT != ty {
+            return Err(io::Error::other(
+                "replaced by another file since it was made",
+            ));
+        }
+        let u = Some(rustix::fs::Uid::from_raw(uid));
+        let g = gid.map(rustix::fs::Gid::from_raw);
+        rustix::fs::chownat(&fd, "", u, g, AtFlags::EMPTY_PATH)?;
+        Ok(())
+    }
+
     /// chown of `rel` itself (a symbolic link's own owner).
     pub fn chown(&self, rel: &Path, uid: Option<u32>, gid: Option<u32>) -> io::Result<()> {
         let (dir, name) = self.parent_or_root(rel)?;
@@ -383,15 +413,20 @@ impl Backing {
         rel: &Path,
         buffers: &[Bytes],
         durable: bool,
+        owner: Option<FileOwner>,
     ) -> io::Result<Metadata> {
         let (dir_rel, name) = split(rel)?;
         self.create_dir_all(dir_rel)?;
+        let owner = match owner {
+            Some(o) => o,
+            None => self.owner_for(rel)?,
+        };
         let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
         let tmp_name = temp_name(&name.to_string_lossy(), n);
         let tmp = dir_rel.join(&tmp_name);
         let create = OpenMode {
             write: true,
-            create_new: Some(0o644),
+            create_new: Some(0o600),
             ..OpenMode::default()
         };
         // Another writer may prune the directory between its making and our create.
@@ -403,6 +438,7 @@ impl Backing {
             other => other?,
         };
         let result = (|| {
+            owner::give(&file, owner)?;
             crate::shard::write_all_vectored(&mut file, buffers)?;
             file.sync_data()?;
             self.rename(&tmp, rel)?;
@@ -415,6 +451,19 @@ impl Backing {
             let _ = self.remove_file(&tmp);
         }
         result
+    }
+
+    /// Who a file written at `rel` belongs to when nobody says: the owner and mode of the
+    /// file it replaces, else what a file made in its directory takes.
+    pub fn owner_for(&self, rel: &Path) -> io::Result<FileOwner> {
+        if let Some(m) = self.stat(rel)?.filter(Metadata::is_file) {
+            return Ok(FileOwner::of(&m));
+        }
+        let dir = rel.parent().unwrap_or(Path::new(""));
+        let m = self
+            .stat(dir)?
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+        Ok(FileOwner::for_file_in(&m))
     }
 
     /// Removes the empty directories from `rel` upwards, stopping before `stop` (which is

@@ -60,7 +60,7 @@ impl ShardFs {
         };
         // Whatever this document is, the array is no longer shown as its writer wrote it.
         self.classifier.show_as_written(dir, false);
-        self.write_whole(&doc, &[Bytes::from(stored)], true)?;
+        self.write_whole(&doc, &[Bytes::from(stored)], true, self.held_maker(&doc))?;
         // Names below may now be chunk keys (or no longer): the kernel's inodes for them
         // are decided again.
         self.inodes.bump_generation();
@@ -100,7 +100,8 @@ impl ShardFs {
                 let staged = self.import_plain_chunks(dir, &sharded)?;
                 self.classifier.show_as_written(dir, false);
                 let doc_bytes = Node::Array(sharded).to_json_bytes();
-                self.write_whole(&doc, &[Bytes::from(doc_bytes)], true)?;
+                let owner = self.held_maker(&doc);
+                self.write_whole(&doc, &[Bytes::from(doc_bytes)], true, owner)?;
                 // Only now, the array stored (its shards durable before it), may the chunk
                 // files go: a crash before this finds them all again (`unstage`).
                 for rel in &staged {
@@ -362,7 +363,8 @@ impl ShardFs {
     fn commit_as_written(&self, dir: &Path, bytes: &[u8]) -> Result<(), FsError> {
         self.settle_layout(dir, None)?;
         let doc = dir.join(METADATA_FILE);
-        self.write_whole(&doc, &[Bytes::copy_from_slice(bytes)], true)?;
+        let owner = self.held_maker(&doc);
+        self.write_whole(&doc, &[Bytes::copy_from_slice(bytes)], true, owner)?;
         self.classifier.show_as_written(dir, true);
         info!(array = %self.backing.path(dir).display(),
             "sharded metadata written through the mount: stored and shown as written \

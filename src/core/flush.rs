@@ -216,7 +216,7 @@ impl ShardFs {
             return Ok(());
         }
         let segments = file.snapshot().data.segments();
-        self.write_whole(rel, &segments, durable)?;
+        self.write_whole(rel, &segments, durable, file.maker())?;
         self.drop_temp_if(rel, file);
         self.inodes.rekind_file(file, NodeKind::File);
         Stats::add(&self.shards.stats.temp_files_persisted, 1);

@@ -332,7 +332,7 @@ impl ShardFs {
     }
 
     /// The nearest directory that BACKING has (key directories may exist only in view).
-    fn owner_of(&self, rel: &Path) -> Result<std::fs::Metadata, FsError> {
+    pub(crate) fn owner_of(&self, rel: &Path) -> Result<std::fs::Metadata, FsError> {
         for dir in rel.ancestors() {
             if let Some(m) = self.backing.stat(dir)? {
                 return Ok(m);
@@ -341,14 +341,19 @@ impl ShardFs {
         Err(FsError::NotFound)
     }
 
-    /// Files in memory are owned like the directory they are in (a chunk: its array's), as
-    /// they will be once stored.
+    /// Files in memory are shown as they will be once stored: a file its maker's, with its
+    /// mode; a chunk its array's, like the shard it goes into (`backing::owner`).
     fn held_attr(&self, ino: Ino, file: &MemFile, dir: &Path) -> Result<Attr, FsError> {
-        let (mode, len, mtime) = file.with(|s| (s.mode, s.data.len(), s.mtime));
-        let owner = self.owner_of(dir)?;
-        Ok(Attr {
-            perm: (mode & 0o7777) as u16,
-            ..Attr::virtual_file(ino, &owner, len, mtime)
+        let (len, mtime) = file.with(|s| (s.data.len(), s.mtime));
+        let attr = Attr::virtual_file(ino, &self.owner_of(dir)?, len, mtime);
+        Ok(match file.maker() {
+            Some(o) => Attr {
+                uid: o.uid,
+                gid: o.gid,
+                perm: o.mode as u16,
+                ..attr
+            },
+            None => attr,
         })
     }
 

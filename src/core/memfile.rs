@@ -169,6 +169,9 @@ pub struct MemState {
     /// still the latest content.
     pub version: u64,
     pub mode: u32,
+    /// Whose file it is, when it is to become a file of BACKING (not a chunk): its maker's
+    /// user and group (`maker`).
+    pub owner: Option<(u32, u32)>,
     /// Written into its shard and dropped from the pending set: a change now would be
     /// lost, so changes are refused and the writer starts again from the shard.
     pub retired: bool,
@@ -207,8 +210,30 @@ impl MemFile {
                 changed: now_ns(),
                 moved_from: None,
                 mode,
+                owner: None,
             }),
         }
+    }
+
+    /// The file, given to `owner` (its user, group and mode) for when it goes to BACKING.
+    pub fn owned_by(self, owner: crate::backing::FileOwner) -> MemFile {
+        self.with(|s| {
+            s.owner = Some((owner.uid, owner.gid));
+            s.mode = owner.mode;
+        });
+        self
+    }
+
+    /// Whose file it is in BACKING, with the mode it has now (a chmod while held counts):
+    /// `None` for a chunk, or a file whose owner is its directory's.
+    pub fn maker(&self) -> Option<crate::backing::FileOwner> {
+        self.with(|s| {
+            s.owner.map(|(uid, gid)| crate::backing::FileOwner {
+                uid,
+                gid,
+                mode: s.mode & 0o7777,
+            })
+        })
     }
 
     pub fn id(&self) -> u64 {

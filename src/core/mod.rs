@@ -206,14 +206,20 @@ impl ShardFs {
         rel: &std::path::Path,
         parts: &[bytes::Bytes],
         durable: bool,
+        owner: Option<crate::backing::FileOwner>,
     ) -> Result<(), FsError> {
         if let Some(store) = &self.published {
             store
                 .put(rel, parts, crate::store::Precondition::None)
                 .map_err(std::io::Error::from)?;
         }
-        self.backing.write_atomic(rel, parts, durable)?;
+        self.backing.write_atomic(rel, parts, durable, owner)?;
         Ok(())
+    }
+
+    /// Whose the file held in memory at `rel` is (`MemFile::maker`), if one is held there.
+    pub(crate) fn held_maker(&self, rel: &std::path::Path) -> Option<crate::backing::FileOwner> {
+        self.temps.file(rel).and_then(|f| f.maker())
     }
 
     /// Removes a file from BACKING (and from the store it mirrors). Returns whether it

@@ -245,11 +245,11 @@ impl ShardFs {
                         ..OpenMode::default()
                     },
                 )?;
-                self.own(&rel, caller)?;
+                self.own_file(&file, &rel, caller);
                 return Ok((NodeKind::File, Some(file)));
             }
-            Place::Meta(dir) => self.new_temp(&dir.join(METADATA_FILE), mode),
-            Place::Temp(rel) => self.new_temp(&rel, mode),
+            Place::Meta(dir) => self.new_temp(&dir.join(METADATA_FILE), mode, caller)?,
+            Place::Temp(rel) => self.new_temp(&rel, mode, caller)?,
             // The pending chunk itself is made by the caller, with the writer's mark.
             Place::Chunk(array, coords) => NodeKind::Chunk { array, coords },
             Place::KeyDir(_, _, rel) => {
@@ -263,12 +263,24 @@ impl ShardFs {
         Ok((kind, None))
     }
 
-    fn new_temp(&self, rel: &Path, mode: u32) -> NodeKind {
-        let file = Arc::new(MemFile::new(FileData::default(), mode & 0o7777));
+    /// A new file held in memory at `rel`, made by `caller`: theirs once in BACKING, with
+    /// the group a set-group-ID directory passes down.
+    fn new_temp(&self, rel: &Path, mode: u32, caller: Caller) -> Result<NodeKind, FsError> {
+        let dir = self.owner_of(rel.parent().unwrap_or(Path::new("")))?;
+        let gid = match std::os::unix::fs::MetadataExt::mode(&dir) & libc::S_ISGID {
+            0 => caller.gid,
+            _ => std::os::unix::fs::MetadataExt::gid(&dir),
+        };
+        let owner = crate::backing::FileOwner {
+            uid: caller.uid,
+            gid,
+            mode: mode & 0o7777,
+        };
+        let file = Arc::new(MemFile::new(FileData::default(), mode & 0o7777).owned_by(owner));
         if let Some(old) = self.temps.insert_file(rel, file.clone()) {
             self.shards.charge(-(old.len() as i64));
         }
-        NodeKind::Temp(file)
+        Ok(NodeKind::Temp(file))
     }
 
     pub fn mkdir(
@@ -285,13 +297,13 @@ impl ShardFs {
         let kind = match place {
             Place::Plain(rel) => {
                 self.backing.mkdir(&rel, new_mode(mode))?;
-                self.own(&rel, caller)?;
+                self.own(&rel, libc::S_IFDIR, caller)?;
                 NodeKind::Dir
             }
             Place::Meta(dir) if matches!(p.kind, NodeKind::Dir) => {
                 let rel = dir.join(METADATA_FILE);
                 self.backing.mkdir(&rel, new_mode(mode))?;
-                self.own(&rel, caller)?;
+                self.own(&rel, libc::S_IFDIR, caller)?;
                 NodeKind::Dir
             }
             Place::KeyDir(array, node, rel) => {
@@ -303,7 +315,7 @@ impl ShardFs {
                     self.backing.create_dir_all(parent)?;
                 }
                 self.backing.mkdir(&rel, new_mode(mode))?;
-                self.own(&rel, caller)?;
+                self.own(&rel, libc::S_IFDIR, caller)?;
                 NodeKind::Dir
             }
             _ => {
@@ -333,11 +345,17 @@ impl ShardFs {
                 }
             }
             // Into memory only what memory may hold (a file renamed into an array).
-            NodeKind::File => Ok(from_bytes(Bytes::from(
-                self.backing
+            // It stays its owner's, with its mode, wherever it goes.
+            NodeKind::File => {
+                let meta = self.backing.stat(rel)?.ok_or(FsError::NotFound)?;
+                let bytes = self
+                    .backing
                     .read_at_most(rel, super::memfile::MAX_FILE_BYTES)?
-                    .ok_or(FsError::NotFound)?,
-            ))),
+                    .ok_or(FsError::NotFound)?;
+                let file = MemFile::new(FileData::from_bytes(Bytes::from(bytes)), 0o644);
+                let owner = crate::backing::FileOwner::of(&meta);
+                Ok(Arc::new(file.owned_by(owner)))
+            }
             NodeKind::ArrayMeta(a) => Ok(from_bytes(a.view_json.clone())),
             NodeKind::GroupMeta(g) => Ok(from_bytes(g.json.clone())),
             _ => Err(FsError::IsDir),
@@ -368,7 +386,7 @@ impl ShardFs {
                 Ok(NodeKind::Temp(file))
             }
             Place::Plain(rel) | Place::Extra(rel) => {
-                self.write_whole(rel, &file.snapshot().data.segments(), false)?;
+                self.write_whole(rel, &file.snapshot().data.segments(), false, file.maker())?;
                 Ok(NodeKind::File)
             }
             Place::Meta(dir) => {
@@ -1027,7 +1045,7 @@ impl ShardFs {
         match place {
             Place::Plain(rel) | Place::Temp(rel) | Place::Extra(rel) => {
                 self.backing.symlink(target, &rel)?;
-                self.own(&rel, caller)?;
+                self.own(&rel, libc::S_IFLNK, caller)?;
             }
             _ => {
                 return Err(FsError::refused(
@@ -1068,7 +1086,7 @@ impl ShardFs {
         match place {
             Place::Plain(rel) | Place::Extra(rel) => {
                 self.backing.mknod(&rel, ty | new_mode(mode), rdev)?;
-                self.own(&rel, caller)?;
+                self.own(&rel, ty, caller)?;
             }
             _ => {
                 return Err(FsError::refused(
@@ -1081,22 +1099,45 @@ impl ShardFs {
         self.enter(parent, name, NodeKind::Other)
     }
 
-    /// Gives what was just made at `rel` in BACKING to `caller`: its user, and its group
-    /// unless the directory passes its own down (set-group-ID, which BACKING applied).
-    /// Never fails the request: the file exists by now.
-    fn own(&self, rel: &Path, caller: Caller) -> Result<(), FsError> {
-        let daemon = Caller::daemon();
-        if daemon.uid != 0 || (caller.uid == daemon.uid && caller.gid == daemon.gid) {
-            return Ok(());
-        }
+    /// The group a file made at `rel` by `caller` gets: the caller's, unless the directory
+    /// passes its own down (set-group-ID, which BACKING applied).
+    fn group_for(&self, rel: &Path, caller: Caller) -> Option<u32> {
         let inherits = rel
             .parent()
             .and_then(|dir| self.backing.stat(dir).ok().flatten())
             .is_some_and(|m| std::os::unix::fs::MetadataExt::mode(&m) & libc::S_ISGID != 0);
-        let gid = (!inherits).then_some(caller.gid);
+        (!inherits).then_some(caller.gid)
+    }
+
+    /// Gives the regular file just made at `rel` (open as `file`) to `caller`, on the
+    /// descriptor: by name, someone who may write the directory could have put another
+    /// file (a hard link to one of theirs) at it meanwhile. Never fails the request.
+    fn own_file(&self, file: &std::fs::File, rel: &Path, caller: Caller) {
+        let daemon = Caller::daemon();
+        if daemon.uid != 0 || (caller.uid == daemon.uid && caller.gid == daemon.gid) {
+            return;
+        }
+        let uid = rustix::fs::Uid::from_raw(caller.uid);
+        let gid = self.group_for(rel, caller).map(rustix::fs::Gid::from_raw);
+        if let Err(e) = rustix::fs::fchown(file, Some(uid), gid) {
+            warn!(file = %self.backing.path(rel).display(),
+                "made, but left owned by the daemon: BACKING refused to give it to uid {}: {e}",
+                caller.uid);
+        }
+    }
+
+    /// Gives what was just made at `rel` in BACKING (a directory, link or special file,
+    /// which have no descriptor to give) to `caller`, by name without following a link.
+    /// Never fails the request: the file exists by now.
+    fn own(&self, rel: &Path, ty: u32, caller: Caller) -> Result<(), FsError> {
+        let daemon = Caller::daemon();
+        if daemon.uid != 0 || (caller.uid == daemon.uid && caller.gid == daemon.gid) {
+            return Ok(());
+        }
+        let gid = self.group_for(rel, caller);
         // A BACKING that refuses (root squashed on NFS) keeps the daemon as owner: the file
         // is made all the same, and a retry would find it there.
-        if let Err(e) = self.backing.chown(rel, Some(caller.uid), gid) {
+        if let Err(e) = self.backing.chown_made(rel, ty, caller.uid, gid) {
             warn!(file = %self.backing.path(rel).display(),
                 "made, but left owned by the daemon: BACKING refused to give it to uid {}: {e}",
                 caller.uid);

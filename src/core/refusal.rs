@@ -45,6 +45,8 @@ pub enum Rule {
     /// A translated document (an array's `zarr.json` as shown, a key directory) truncated
     /// in place.
     TruncateTranslated,
+    /// A chunk or key directory's owner and mode are its array's.
+    ChunkOwnership,
     /// An object store's objects are written whole.
     ObjectStoreInPlaceChange,
     /// An object store renames no directory.
@@ -92,6 +94,10 @@ impl Rule {
                 "documents the mount translates (an array's zarr.json) change only by being \
                  written whole"
             }
+            Rule::ChunkOwnership => {
+                "a chunk or key directory has the owner and mode of its array directory (its \
+                 shard takes them): a chmod may not close it to others on its own"
+            }
             Rule::ObjectStoreInPlaceChange => {
                 "an object store keeps whole objects: files are written new and whole, never \
                  changed in place or linked"
@@ -136,6 +142,7 @@ impl Rule {
                 "write the whole document: open it with O_TRUNC, or write a temporary file \
                  and rename it over"
             }
+            Rule::ChunkOwnership => "chmod or chown the array directory instead",
             Rule::ObjectStoreInPlaceChange => {
                 "write a new file and rename it over the old one, and copy instead of \
                  linking; links and special files are not kept in object stores"

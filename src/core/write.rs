@@ -34,6 +34,19 @@ pub struct SetAttr {
     pub fh: Option<u64>,
 }
 
+/// A truncation of what the mount shows translated (a document, a key directory, the
+/// control file) is refused: it has no content of its own to cut.
+fn refuse_truncation(rel: &Path, set: &SetAttr) -> Result<(), FsError> {
+    match set.size {
+        Some(_) => Err(FsError::refused(
+            rel,
+            Rule::TruncateTranslated,
+            "a truncation of a document the mount translates",
+        )),
+        None => Ok(()),
+    }
+}
+
 /// Applies `set` to an open BACKING file.
 fn set_file_attr(file: &std::fs::File, set: &SetAttr) -> Result<(), FsError> {
     if let Some(size) = set.size {
@@ -354,7 +367,7 @@ impl ShardFs {
                 "an fsync of an incomplete document; the document stays as it was",
             ));
         }
-        self.write_whole(rel, &[Bytes::from(bytes)], true)
+        self.write_whole(rel, &[Bytes::from(bytes)], true, self.held_maker(rel))
     }
 
     /// fsync of a directory: every pending chunk below it is made durable, and so is every
@@ -403,19 +416,52 @@ impl ShardFs {
             | NodeKind::ArrayDir(_)
             | NodeKind::Symlink
             | NodeKind::Other => self.set_backing_attr(&info.rel, set)?,
-            NodeKind::Temp(_) | NodeKind::Chunk { .. } => self.set_held_attr(&info, set)?,
-            // Translated documents, key directories, the control file: accepted, unchanged.
-            _ => {
-                if set.size.is_some() {
-                    return Err(FsError::refused(
-                        &info.rel,
-                        Rule::TruncateTranslated,
-                        "a truncation of a document the mount translates",
-                    ));
+            NodeKind::Temp(_) => self.set_held_attr(&info, set)?,
+            NodeKind::Chunk { .. } => {
+                self.same_owner(ino, &info.rel, set, Rule::ChunkOwnership)?;
+                self.set_held_attr(&info, set)?;
+            }
+            // A translated document is BACKING's file, shown with another content.
+            NodeKind::ArrayMeta(_) | NodeKind::GroupMeta(_) => {
+                refuse_truncation(&info.rel, set)?;
+                if set.mode.is_some() || set.uid.is_some() || set.gid.is_some() {
+                    self.pass_through_allowed(&info.rel, "a change of owner or mode")?;
                 }
+                self.set_backing_attr(&info.rel, set)?;
+            }
+            NodeKind::ChunkDir { .. } => {
+                refuse_truncation(&info.rel, set)?;
+                self.same_owner(ino, &info.rel, set, Rule::ChunkOwnership)?;
+            }
+            NodeKind::Control => {
+                refuse_truncation(&info.rel, set)?;
+                self.same_owner(ino, &info.rel, set, Rule::ShardfsOwnFile)?;
             }
         }
         self.getattr(ino)
+    }
+
+    /// For `ino`, shown with the owner and mode of something else (a chunk: its array's):
+    /// a chmod that would take a permission away is refused, since its maker would believe
+    /// the file closed to others when it is not. One that takes none away changes nothing
+    /// and is accepted, as is a chown: `tar -x` and `cp -a` set each file's mode and owner
+    /// as they go, before the directory's own, and the array directory is what they end
+    /// up setting.
+    fn same_owner(&self, ino: Ino, rel: &Path, set: &SetAttr, rule: Rule) -> Result<(), FsError> {
+        let now = self.getattr(ino)?;
+        let narrows = set.mode.is_some_and(|m| now.perm as u32 & !m & 0o777 != 0);
+        if narrows {
+            return Err(FsError::refused(
+                rel,
+                rule,
+                format!(
+                    "a chmod to {:o} that would take permissions away from {:o}",
+                    set.mode.unwrap_or(0) & 0o7777,
+                    now.perm
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Applies `set` to a file held in memory (a chunk or a temporary file): its size, and
@@ -451,8 +497,14 @@ impl ShardFs {
         };
         if let Some(f) = file {
             f.with(|s| {
-                if let Some(mode) = set.mode {
-                    s.mode = mode & 0o7777;
+                // A file's owner and mode go with it to BACKING (`MemFile::maker`); a
+                // chunk's are its array's and stay (checked by `same_owner`).
+                if let Some((uid, gid)) = s.owner.as_mut() {
+                    if let Some(mode) = set.mode {
+                        s.mode = mode & 0o7777;
+                    }
+                    *uid = set.uid.unwrap_or(*uid);
+                    *gid = set.gid.unwrap_or(*gid);
                 }
                 if let Some(t) = set.mtime {
                     s.mtime = t;

@@ -142,7 +142,7 @@ fn pull_dir(
             found.documents += 1;
             is_array = is_array_document(&bytes);
         }
-        local.write_atomic(&key, &[bytes], false)?;
+        local.write_atomic(&key, &[bytes], false, None)?;
     }
     if is_array {
         // Below an array is its key tree: shards, read from the store as they are needed.

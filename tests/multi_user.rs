@@ -1,0 +1,176 @@
+//! A root daemon with `--allow-other` serving two ordinary users (uids 4321 and 4322, run
+//! with `setpriv`): what each makes keeps its maker, group and mode (umask applied) in
+//! BACKING, in memory or not; what the mount makes on its own (shards, key directories)
+//! belongs to the array directory's owner; a chunk's mode is its array's, and a chmod that
+//! would close it to others on its own is refused rather than reported and dropped; one
+//! user cannot read or write what the other closed to them.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::mount::{Mounted, dirs};
+
+const LIMIT: Duration = Duration::from_secs(60);
+const ALICE: u32 = 4321;
+const BOB: u32 = 4322;
+
+/// Runs `script` with `sh` as `uid` (its own group, no others), in `dir`.
+fn as_user(uid: u32, dir: &Path, script: &str) -> std::process::Output {
+    common::mount::run_timeout(
+        Command::new("setpriv")
+            .args([
+                &format!("--reuid={uid}"),
+                &format!("--regid={uid}"),
+                "--clear-groups",
+                "--",
+                "sh",
+                "-c",
+                script,
+            ])
+            .current_dir(dir),
+        LIMIT,
+    )
+}
+
+fn ok(out: &std::process::Output, what: &str) {
+    common::assert_ok(out, what);
+}
+
+/// (uid, gid, mode) of a BACKING file.
+fn owner(path: &Path) -> (u32, u32, u32) {
+    let m = fs::symlink_metadata(path).unwrap();
+    (m.uid(), m.gid(), m.mode() & 0o7777)
+}
+
+/// A mount of a BACKING with a home directory for each user, reachable by both.
+fn shared_mount() -> (tempfile::TempDir, std::path::PathBuf, Mounted) {
+    let (d, backing, _) = dirs();
+    fs::set_permissions(d.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    for uid in [ALICE, BOB] {
+        let home = backing.join(uid.to_string());
+        fs::create_dir(&home).unwrap();
+        std::os::unix::fs::chown(&home, Some(uid), Some(uid)).unwrap();
+    }
+    let m = Mounted::new(
+        &backing,
+        &["--allow-other", "--chunks-per-shard", "4"],
+        LIMIT,
+    );
+    (d, backing, m)
+}
+
+#[test]
+fn what_a_user_makes_is_theirs_in_backing() {
+    let (_d, backing, m) = shared_mount();
+    let home = m.path(&ALICE.to_string());
+    let script = format!(
+        "umask 077 && mkdir a && printf '%s' '{}' > a/zarr.json && mkdir a/c && \
+         head -c16 /dev/zero > a/c/0 && echo secret > a/secret.txt && echo x > plain.txt",
+        common::LINE_ARRAY.replace('\n', "")
+    );
+    ok(&as_user(ALICE, &home, &script), "alice writes");
+    ok(
+        &common::shardfs(&["flush", m.mountpoint.to_str().unwrap()]),
+        "flush",
+    );
+    let b = backing.join(ALICE.to_string());
+    for (file, mode) in [
+        ("plain.txt", 0o600),
+        ("a/secret.txt", 0o600),
+        ("a/zarr.json", 0o600),
+        // Made by the mount: the array directory's owner and mode.
+        ("a/c", 0o700),
+        ("a/c/0", 0o600),
+    ] {
+        assert_eq!(owner(&b.join(file)), (ALICE, ALICE, mode), "{file}");
+    }
+    // Shown as stored.
+    let shown = fs::metadata(home.join("a/c/0")).unwrap();
+    assert_eq!((shown.uid(), shown.mode() & 0o777), (ALICE, 0o600));
+
+    // Bob can read none of it, nor write there.
+    let bob = as_user(BOB, &home, "cat a/secret.txt || cat a/c/0 || touch a/x");
+    assert!(!bob.status.success(), "bob got in");
+    let bob = as_user(BOB, &home, "cat plain.txt");
+    assert!(
+        common::stderr(&bob).contains("Permission denied"),
+        "{bob:?}"
+    );
+    let status = m.unmount(&[]);
+    common::assert_ok(&status, "unmount");
+}
+
+#[test]
+fn a_chunks_mode_is_its_arrays_and_a_change_is_refused_not_dropped() {
+    let (_d, backing, m) = shared_mount();
+    let home = m.path(&ALICE.to_string());
+    let script = format!(
+        "mkdir a && printf '%s' '{}' > a/zarr.json && mkdir a/c && head -c16 /dev/zero > a/c/0",
+        common::LINE_ARRAY.replace('\n', "")
+    );
+    ok(&as_user(ALICE, &home, &script), "alice writes");
+    // What it is already, or more open (tar -x, cp -a, before they set the directory's
+    // own mode): accepted, nothing changes.
+    ok(
+        &as_user(ALICE, &home, "chmod 644 a/c/0"),
+        "chmod to what it is",
+    );
+    ok(&as_user(ALICE, &home, "chmod 666 a/c/0"), "chmod more open");
+    std::thread::sleep(Duration::from_millis(1100));
+    assert_eq!(
+        fs::metadata(home.join("a/c/0")).unwrap().mode() & 0o777,
+        0o644
+    );
+    // Closing it to others on its own would be a change reported and never made.
+    let refused = as_user(ALICE, &home, "chmod 600 a/c/0");
+    assert!(
+        common::stderr(&refused).contains("Operation not permitted"),
+        "{refused:?}"
+    );
+    assert_eq!(
+        fs::metadata(home.join("a/c/0")).unwrap().mode() & 0o777,
+        0o644
+    );
+    // The array's mode is where it is set, and the chunk (and its shard) follow.
+    ok(&as_user(ALICE, &home, "chmod 700 a"), "chmod the array");
+    // (The kernel keeps a chunk's attributes for the mount's 1 s attribute timeout.)
+    std::thread::sleep(Duration::from_millis(1100));
+    assert_eq!(
+        fs::metadata(home.join("a/c/0")).unwrap().mode() & 0o777,
+        0o600
+    );
+    // A translated zarr.json is BACKING's file: its mode changes there.
+    ok(
+        &as_user(ALICE, &home, "chmod 600 a/zarr.json"),
+        "chmod zarr.json",
+    );
+    let b = backing.join(ALICE.to_string());
+    assert_eq!(owner(&b.join("a/zarr.json")).2, 0o600);
+    ok(
+        &common::shardfs(&["flush", m.mountpoint.to_str().unwrap()]),
+        "flush",
+    );
+    assert_eq!(owner(&b.join("a/c/0")), (ALICE, ALICE, 0o600));
+    // A file held in memory takes a chmod and a chown with it to BACKING.
+    ok(
+        &as_user(ALICE, &home, "echo n > a/notes && chmod 640 a/notes"),
+        "notes",
+    );
+    std::os::unix::fs::chown(home.join("a/notes"), Some(BOB), None).unwrap();
+    ok(
+        &common::shardfs(&["flush", m.mountpoint.to_str().unwrap()]),
+        "flush",
+    );
+    assert_eq!(owner(&b.join("a/notes")), (BOB, ALICE, 0o640));
+    let log = m.log_text();
+    common::assert_ok(&m.unmount(&[]), "unmount");
+    assert!(
+        log.contains("chmod or chown the array directory"),
+        "the refusal is not logged: {log}"
+    );
+}
