@@ -256,37 +256,31 @@ fn a_shard_declaring_a_huge_chunk_gets_efbig_and_the_mount_lives() {
 }
 
 /// Issue 18, defects 2 and 3 (sizes): a sparse 1 TiB journal segment planted in BACKING
-/// made every mount abort reading it whole. It is refused with an error naming it.
+/// made every mount abort reading it whole. It is refused, named in the log, and left
+/// where it is; the mount starts, and another dead journal beside it is replayed, as it is
+/// beside a FIFO or a directory planted at a journal's names.
 #[test]
-fn a_huge_journal_segment_is_refused_not_read() {
-    let (d, backing, _) = dirs();
+fn a_huge_or_strange_journal_file_is_refused_not_read() {
+    let (_d, backing) = dead_journal();
     let journal = backing.join(".shardfs/journal");
-    fs::create_dir_all(&journal).unwrap();
     fs::write(journal.join("evil.lock"), b"").unwrap();
     let seg = fs::File::create(journal.join("evil.000001.seg")).unwrap();
     seg.set_len(1 << 40).unwrap();
     drop(seg);
-    let mnt = d.path().join("mnt");
-    fs::create_dir(&mnt).unwrap();
-    let out = run_timeout(
-        Command::new(common::shardfs_bin()).args([
-            "mount",
-            backing.to_str().unwrap(),
-            mnt.to_str().unwrap(),
-            "--log-file",
-            d.path().join("log").to_str().unwrap(),
-        ]),
-        LIMIT,
-    );
-    if is_mounted(&mnt) {
-        let _ = common::shardfs(&["unmount", mnt.to_str().unwrap()]);
+    let fifo = std::ffi::CString::new(journal.join("fifo.lock").to_str().unwrap()).unwrap();
+    // SAFETY: a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    fs::write(journal.join("dir.lock"), b"").unwrap();
+    fs::create_dir(journal.join("dir.000000.seg")).unwrap();
+    let m = common::mount::Mounted::new(&backing, &["--chunks-per-shard", "4"], LIMIT);
+    assert_eq!(fs::read(m.path("a/c/1")).unwrap(), vec![0x11; 16]);
+    let log = m.log_text();
+    common::assert_ok(&m.unmount(&[]), "unmount");
+    for name in ["evil.000001.seg", "fifo.lock", "dir.000000.seg"] {
+        assert!(log.contains(name), "{name} not named: {log}");
+        assert!(journal.join(name).exists(), "{name} removed");
     }
-    let err = common::stderr(&out);
-    assert!(!out.status.success(), "mounted over a 1 TiB segment");
-    assert!(
-        err.contains("evil.000001.seg") && err.contains("refused"),
-        "{err}"
-    );
+    assert!(log.contains("journal not replayed"), "{log}");
 }
 
 /// Issue 18, defect 6: a file with a long name inside an array (held in memory, then
@@ -449,8 +443,8 @@ fn an_index_larger_than_16_mib_is_refused() {
 /// Issue 18, defect 8 (the other half): a chunk written into a damaged shard made
 /// `shardfs unmount` refuse for ever. It still refuses (nothing is lost unasked) and says
 /// how to give up; `--give-up` unmounts at once, names what it gives up, and leaves the
-/// fsynced chunk in the journal: once the damaged shard is moved away, the next mount
-/// writes it.
+/// fsynced chunk in the journal, which the next mount replays (and starts, the chunk
+/// pending, though it cannot write it into the damaged shard).
 #[test]
 fn unmount_never_refuses_for_ever() {
     let (d, backing, _) = dirs();
@@ -502,26 +496,16 @@ fn unmount_never_refuses_for_ever() {
         !common::mount::journal_ids(&backing).is_empty(),
         "journal gone"
     );
-    // While the shard is damaged, the journal cannot be written into it: the mount is
-    // refused, naming the shard and the fix.
-    let mnt = d.path().join("again");
-    fs::create_dir(&mnt).unwrap();
-    let again = run_timeout(
-        Command::new(common::shardfs_bin())
-            .args(["mount", backing.to_str().unwrap(), mnt.to_str().unwrap()])
-            .args(args),
-        LIMIT,
-    );
-    if is_mounted(&mnt) {
-        let _ = common::shardfs(&["unmount", mnt.to_str().unwrap()]);
-    }
-    let err = common::stderr(&again);
-    assert!(!again.status.success(), "mounted over a damaged shard");
-    assert!(
-        err.contains("a/c/0") && err.contains("restore the shard"),
-        "{err}"
-    );
+    // While the shard is damaged, the replayed chunk cannot be written into it: the mount
+    // starts all the same, the chunk pending (and read from memory), and its unmount says
+    // why it refuses.
+    let m = common::mount::Mounted::new(&backing, &args, LIMIT);
+    assert_eq!(fs::read(m.path("a/c/2")).unwrap(), vec![0x52; 16]);
+    let refused = m.unmount(&[]);
+    let err = common::stderr(&refused);
+    assert!(!refused.status.success() && err.contains("a/c/0"), "{err}");
     fs::rename(&shard, d.path().join("damaged-shard")).unwrap();
+    common::assert_ok(&m.unmount(&[]), "unmount once the damage is moved away");
     let m = common::mount::Mounted::new(&backing, &args, LIMIT);
     assert_eq!(fs::read(m.path("a/c/2")).unwrap(), vec![0x52; 16]);
     assert!(
@@ -529,4 +513,87 @@ fn unmount_never_refuses_for_ever() {
         "a chunk nobody fsynced came back"
     );
     common::assert_ok(&m.unmount(&[]), "unmount");
+}
+
+/// From the hostile review of issue 18: a hard link at a shard's lock name (to a file of
+/// someone else's, where the kernel lets users link others' files) had the root daemon
+/// overwrite that file with the shard and rename it into the array. A lock file of more
+/// than one name is taken away and made anew.
+#[test]
+fn a_hard_link_at_a_shards_lock_name_is_never_written_through() {
+    let (d, backing, _) = dirs();
+    let victim = d.path().join("victim");
+    fs::write(&victim, b"precious").unwrap();
+    let m = common::mount::Mounted::new(&backing, &["--chunks-per-shard", "4"], LIMIT);
+    fs::create_dir(m.path("a")).unwrap();
+    fs::write(m.path("a/zarr.json"), common::LINE_ARRAY).unwrap();
+    fs::create_dir_all(backing.join("a/c")).unwrap();
+    fs::hard_link(&victim, backing.join("a/c/0.__lock")).unwrap();
+    fs::create_dir_all(m.path("a/c")).unwrap();
+    for i in 0..4u8 {
+        fs::write(m.path(&format!("a/c/{i}")), [i + 1; 16]).unwrap();
+    }
+    common::assert_ok(&m.unmount(&[]), "unmount");
+    assert_eq!(fs::read(&victim).unwrap(), b"precious");
+    assert_eq!(fs::metadata(&victim).unwrap().nlink(), 1, "still linked");
+    assert_eq!(fs::metadata(backing.join("a/c/0")).unwrap().nlink(), 1);
+    let out = common::shardfs(&["verify", backing.to_str().unwrap()]);
+    common::assert_ok(&out, "verify");
+}
+
+/// From the hostile review of issue 18: one user could keep the mount from starting for
+/// everyone, by making a directory where a dead mount's journaled chunk had its shard
+/// ("journal replay could not write"). The mount starts; the chunk waits in memory and
+/// lands once the path is free.
+#[test]
+fn a_replay_that_cannot_write_never_keeps_the_mount_from_starting() {
+    let (_d, backing) = dead_journal();
+    fs::create_dir_all(backing.join("a/c/0")).unwrap();
+    let args = ["--chunks-per-shard", "4"];
+    let m = common::mount::Mounted::new(&backing, &args, LIMIT);
+    assert_eq!(fs::read(m.path("a/c/1")).unwrap(), vec![0x11; 16]);
+    fs::remove_dir(backing.join("a/c/0")).unwrap();
+    common::assert_ok(&m.unmount(&[]), "unmount");
+    assert!(
+        common::mount::journal_ids(&backing).is_empty(),
+        "journal left"
+    );
+    let m = common::mount::Mounted::new(&backing, &args, LIMIT);
+    assert_eq!(fs::read(m.path("a/c/1")).unwrap(), vec![0x11; 16]);
+    common::assert_ok(&m.unmount(&[]), "unmount");
+}
+
+/// From the hostile review of issue 18: in a BACKING root that others may write (and that
+/// is not sticky), another user could rename `.shardfs` away under a live mount and put a
+/// journal of theirs in its place. Such a root is refused; a sticky one is not.
+#[test]
+fn a_backing_root_others_may_write_is_refused_unless_sticky() {
+    for (mode, refused) in [(0o777, true), (0o775, true), (0o1777, false)] {
+        let (d, backing, _) = dirs();
+        fs::set_permissions(&backing, fs::Permissions::from_mode(mode)).unwrap();
+        let mnt = d.path().join("mnt");
+        fs::create_dir(&mnt).unwrap();
+        let out = run_timeout(
+            Command::new(common::shardfs_bin()).args([
+                "mount",
+                backing.to_str().unwrap(),
+                mnt.to_str().unwrap(),
+                "--log-file",
+                d.path().join("log").to_str().unwrap(),
+            ]),
+            LIMIT,
+        );
+        let mounted = is_mounted(&mnt);
+        if mounted {
+            let _ = common::shardfs(&["unmount", mnt.to_str().unwrap()]);
+        }
+        let err = common::stderr(&out);
+        assert_eq!(mounted, !refused, "mode {mode:o}: {err}");
+        if refused {
+            assert!(
+                err.contains("writable by others") && err.contains("chmod go-w"),
+                "{err}"
+            );
+        }
+    }
 }

@@ -69,6 +69,7 @@ impl Backing {
         let dir = self.dir(dir_rel)?;
         let lock_name = lock_name(name);
         let start = Instant::now();
+        let mut replaced = 0;
         loop {
             let fd = rustix::fs::openat(
                 &dir,
@@ -82,6 +83,19 @@ impl Backing {
             // Still the file that bears the lock's name? Else its holder renamed or removed
             // it while we waited: our lock guards nothing.
             let held = file.metadata()?;
+            // The lock file becomes the shard: one with another name too (a hard link to a
+            // file someone chose, where the kernel allows linking others' files) would
+            // have that file overwritten. Such a name is taken away and made anew.
+            if !held.is_file() || std::os::unix::fs::MetadataExt::nlink(&held) != 1 {
+                replaced += 1;
+                if replaced > 16 {
+                    return Err(io::Error::other("a key's lock file keeps being replaced"));
+                }
+                tracing::warn!(lock = %self.path(&dir_rel.join(&lock_name)).display(),
+                    "a key's lock file that is not a plain file of one name: replaced");
+                let _ = rustix::fs::unlinkat(&dir, lock_name.as_os_str(), AtFlags::empty());
+                continue;
+            }
             match rustix::fs::statat(&dir, lock_name.as_os_str(), AtFlags::SYMLINK_NOFOLLOW) {
                 Ok(st) if st.st_ino == std::os::unix::fs::MetadataExt::ino(&held) => {
                     return Ok(KeyLock {

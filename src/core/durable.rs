@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use super::ShardFs;
 use super::array::{ArrayState, lock};
@@ -142,21 +142,24 @@ impl ShardFs {
             return Ok(0);
         };
         let (count, touched, failed) = self.take_over(&journal)?;
+        // What cannot be replayed or written now (a damaged shard, a directory someone made
+        // at a shard's path) never keeps the mount from starting, for everyone: the records
+        // stay live, their chunks pending, tried again like any failed write, and what
+        // fails is named (`shardfs stats`, the unmount). Later writes are ordered against
+        // them by the replay rule as on a live mount taking a journal over.
         if failed > 0 {
-            return Err(FsError::Failed(
-                format!("journal replay could not apply {failed} records (see the log)"),
-                libc::EIO,
-            ));
+            error!(
+                "{failed} journaled chunks could not be replayed yet (see above): \
+                    tried again every second"
+            );
         }
         if !touched.is_empty() {
-            // Live only once every replayed chunk is in its shard: a journal taken over is
-            // never left half applied behind a mount that takes new writes.
             let failed = self.flush_all();
             if !failed.is_empty() {
-                return Err(FsError::Failed(
-                    format!("journal replay could not write: {}", failed.join("; ")),
-                    libc::EIO,
-                ));
+                error!(
+                    "replayed chunks not written yet (they stay pending, retried): {}",
+                    failed.join("; ")
+                );
             }
             info!(chunks = touched.len(), "journal replayed");
         }

@@ -184,10 +184,14 @@ pub struct Journal {
     replayed_records: AtomicU64,
 }
 
+/// Journals not replayed that the log names, one line each; more are said once in all.
+const REFUSALS_NAMED: usize = 64;
+
 impl Journal {
     /// Begins this mount's journal.
     pub fn open(backing: &Backing) -> io::Result<Journal> {
         let dir = Path::new(JOURNAL_DIR);
+        trust::check_root(backing)?;
         trust::ensure_dir(backing, dir.parent().unwrap_or(dir))?;
         trust::ensure_dir(backing, dir)?;
         // A journal directory just made is durable only once BACKING's root is synced.
@@ -591,7 +595,14 @@ impl Journal {
             let file = match self.backing.open_file(&lock_rel, rw()) {
                 Ok(f) => f,
                 Err(e) if is_absent(&e) => continue,
-                Err(e) => return Err(e),
+                // Not a file a mount made (a FIFO, a directory, a link): not a journal.
+                Err(e) => {
+                    self.refuse(
+                        &id,
+                        trust::refused(&self.backing.path(&lock_rel), &e.to_string()),
+                    );
+                    continue;
+                }
             };
             if let Some(why) = trust::untrusted(&file.metadata()?) {
                 self.refuse(&id, trust::refused(&self.backing.path(&lock_rel), &why));
@@ -603,13 +614,12 @@ impl Journal {
                 continue;
             }
             let before = out.len();
-            match self.read_journal(&id, &mut out) {
-                Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
-                    out.truncate(before);
-                    self.refuse(&id, e);
-                    continue;
-                }
-                other => other?,
+            // A journal that cannot be read whole is not replayed in part: it stays for a
+            // later look (a live mount looks every second), and the others go on.
+            if let Err(e) = self.read_journal(&id, &mut out) {
+                out.truncate(before);
+                self.refuse(&id, e);
+                continue;
             }
             info!(journal = %id, records = out.len() - before, "journal of a mount that is gone taken over");
             if !self.has_segments_of(&id) {
@@ -628,7 +638,14 @@ impl Journal {
     /// A journal not to be believed (`trust`): never replayed, left where it is, and said
     /// once (adoption looks again every second).
     fn refuse(&self, id: &str, why: io::Error) {
-        if lock(&self.refused).insert(id.to_string()) {
+        let mut refused = lock(&self.refused);
+        if refused.len() > REFUSALS_NAMED {
+            return;
+        }
+        if refused.len() == REFUSALS_NAMED {
+            refused.insert(String::new());
+            error!("more journals not replayed: not named any more");
+        } else if refused.insert(id.to_string()) {
             error!(journal = %id, "journal not replayed, left in place: {why}");
         }
     }
@@ -655,8 +672,8 @@ impl Journal {
             let rel = dir.join(&name);
             let file = match self.backing.open_file(&rel, rw()) {
                 Ok(f) => f,
-                Err(e) if is_absent(&e) => continue,
-                Err(e) => return Err(e),
+                // Not a file a mount made: left alone.
+                Err(_) => continue,
             };
             // A mount starting up right now holds it locked, or is about to: only one left
             // for a while (a mount names its journal within milliseconds) and unlocked goes.

@@ -19,6 +19,28 @@ fn euid() -> u32 {
     rustix::process::geteuid().as_raw()
 }
 
+/// BACKING's root may not be open to writes by others unless sticky: whoever may rename
+/// entries there may put a `.shardfs` of theirs in place of the mount's, and have their
+/// journal replayed with the daemon's privileges.
+pub(super) fn check_root(backing: &Backing) -> io::Result<()> {
+    let meta = backing
+        .stat(Path::new(""))?
+        .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+    let mode = meta.permissions().mode();
+    if mode & OTHERS_WRITE != 0 && mode & libc::S_ISVTX == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{} is writable by others (mode {:o}): anyone who may write it could swap \
+                 .shardfs for a forged journal; chmod go-w (or +t) it",
+                backing.root().display(),
+                mode & 0o7777
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Makes the directory `rel` (mode 0700) if it is not there, and checks it: a directory,
 /// not a link, owned by this mount's user and not writable by anyone else.
 pub(super) fn ensure_dir(backing: &Backing, rel: &Path) -> io::Result<()> {
