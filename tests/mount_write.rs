@@ -384,9 +384,12 @@ fn every_writer_pattern_works() {
     expect.extend_from_slice(&[0; 10]);
     assert_eq!(fs::read(c.join("2/0")).unwrap(), expect);
 
-    // chmod and utimes are accepted.
+    // utimes, and a chmod that takes nothing away from the array's mode, are accepted; a
+    // chmod that would close the chunk alone is refused (multi_user.rs says more).
     use std::os::unix::fs::PermissionsExt;
-    fs::set_permissions(c.join("2/0"), fs::Permissions::from_mode(0o600)).unwrap();
+    fs::set_permissions(c.join("2/0"), fs::Permissions::from_mode(0o644)).unwrap();
+    let narrowed = fs::set_permissions(c.join("2/0"), fs::Permissions::from_mode(0o600));
+    assert_eq!(errno_of(narrowed), Some(libc::EPERM));
     let when = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
     fs::File::options()
         .write(true)

@@ -597,3 +597,45 @@ fn a_backing_root_others_may_write_is_refused_unless_sticky() {
         }
     }
 }
+
+/// From the hostile review of issue 18, defect 2: a forged index declaring fifteen
+/// adjacent chunks of 4 GiB (each allowed alone) had a merge allocate 60 GiB at once and
+/// abort the daemon. A merge reads no more than half the machine's memory: the shard
+/// write fails, named, and the mount lives.
+#[test]
+fn a_merge_into_a_forged_huge_shard_fails_and_the_mount_lives() {
+    use std::io::Write;
+    let (_d, backing, _) = dirs();
+    let doc = common::LINE_ARRAY.replace("[128]", "[256]");
+    fs::create_dir_all(backing.join("a/c")).unwrap();
+    let args = ["--chunks-per-shard", "16"];
+    let m = common::mount::Mounted::new(&backing, &args, LIMIT);
+    fs::write(m.path("a/zarr.json"), &doc).unwrap();
+    common::assert_ok(&m.unmount(&[]), "unmount");
+    drop(m);
+    let each = (4u64 << 30) - 1;
+    let mut index = Vec::new();
+    for k in 0..15u64 {
+        index.extend((k * each).to_le_bytes());
+        index.extend(each.to_le_bytes());
+    }
+    index.extend(u64::MAX.to_le_bytes());
+    index.extend(u64::MAX.to_le_bytes());
+    let crc = crc32c::crc32c(&index);
+    index.extend(crc.to_le_bytes());
+    let mut shard = fs::File::create(backing.join("a/c/0")).unwrap();
+    shard.set_len(15 * each).unwrap();
+    std::io::Seek::seek(&mut shard, std::io::SeekFrom::End(0)).unwrap();
+    shard.write_all(&index).unwrap();
+    drop(shard);
+    let m = common::mount::Mounted::new(&backing, &args, LIMIT);
+    fs::write(m.path("a/c/15"), [7u8; 16]).unwrap();
+    let flush = common::shardfs(&["flush", m.mountpoint.to_str().unwrap()]);
+    let err = common::stderr(&flush);
+    assert!(!flush.status.success() && err.contains("a/c/0"), "{err}");
+    assert!(m.daemon_alive(), "the daemon died");
+    let log = m.log_text();
+    assert!(log.contains("more than half"), "{log}");
+    let out = common::shardfs(&["unmount", "--give-up", m.mountpoint.to_str().unwrap()]);
+    assert!(!common::mount::is_mounted(&m.mountpoint), "{out:?}");
+}

@@ -554,13 +554,31 @@ impl ShardJob<'_> {
         if kept.iter().any(|(_, r)| r.nbytes > max) {
             return Err(std::io::Error::from_raw_os_error(libc::EFBIG).into());
         }
+        // Nor, in all, more than the machine could hold: a merge reads what the shard keeps
+        // into memory, and a forged index may declare many chunks of 4 GiB.
+        let total: u64 = kept.iter().map(|(_, r)| r.nbytes).sum();
+        if total > merge_limit() {
+            return Err(FsError::refused(
+                Path::new(&reg.describe(self.rel)),
+                Rule::TooBig,
+                format!(
+                    "a merge would read {} MiB of the shard into memory, more than half of \
+                     this machine's",
+                    total >> 20
+                ),
+            ));
+        }
         // Chunks that lie close together come in one read (one GET on an object store),
         // each kept as a slice of it.
         kept.sort_by_key(|(_, r)| r.offset);
         for run in runs_of(&kept) {
             let start = run[0].1.offset;
             let end = run.iter().map(|(_, r)| r.end()).max().unwrap_or(start);
-            let mut buf = vec![0u8; (end - start) as usize];
+            let mut buf = Vec::new();
+            // An allocation that fails is an error of this write, never an abort.
+            buf.try_reserve_exact((end - start) as usize)
+                .map_err(|_| std::io::Error::from_raw_os_error(libc::ENOMEM))?;
+            buf.resize((end - start) as usize, 0);
             file.read_exact_at(&mut buf, start)?;
             let buf = Bytes::from(buf);
             for (pos, r) in run {
@@ -585,6 +603,19 @@ fn others_journal(backing: &Backing) -> bool {
         .filter(|e| e.name.to_string_lossy().ends_with(".lock"))
         .count()
         > 1
+}
+
+/// The most a merge reads into memory: half the machine's memory.
+fn merge_limit() -> u64 {
+    static LIMIT: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        // SAFETY: sysinfo fills the zeroed struct it is given.
+        let mut info: libc::sysinfo = unsafe { std::mem::zeroed() };
+        if unsafe { libc::sysinfo(&mut info) } != 0 {
+            return 8 << 30;
+        }
+        (info.totalram as u64).saturating_mul(info.mem_unit as u64) / 2
+    })
 }
 
 /// The message of a caught panic.
