@@ -722,6 +722,8 @@ pub fn unmount(mountpoint: &Path, lazy: bool, give_up: bool) -> Result<(), Daemo
     let shown = mountpoint.display().to_string();
     let control = mountpoint.join(CONTROL_FILE);
     let info = read_control(&control)?;
+    // Checked while the daemon lives (its /proc entry tells whose it is).
+    let ours = crate::runtime::is_our_status_file(&info.status_file, info.pid);
     // Everything pending is written while the mount is still there: when that fails, the
     // mount stays (nothing is lost) and the failures are named.
     let mut given_up = None;
@@ -748,6 +750,14 @@ pub fn unmount(mountpoint: &Path, lazy: bool, give_up: bool) -> Result<(), Daemo
             return Err(DaemonError::Busy(shown));
         }
         return Err(io_err(mountpoint)(e));
+    }
+    if !ours {
+        return Err(DaemonError::Unclean(format!(
+            "unmounted; its daemon (pid {}) is not one of this user's, so it was not waited \
+             for and its status file {} was not read (see the daemon's log)",
+            info.pid,
+            info.status_file.display()
+        )));
     }
     if !wait_for_exit(info.pid) {
         return Err(DaemonError::Unclean(format!(

@@ -62,6 +62,20 @@ pub fn ensure_private(dir: &Path) -> io::Result<()> {
     }
 }
 
+/// Whether `status_file`, named by a mount's control file, is one a daemon of ours wrote:
+/// `<pid>.status` for `pid`, a process of our user, in a directory of ours closed to
+/// others. Anything else is not read or removed: a FUSE file system another user mounted
+/// under a `shardfs:` name could name any file (and make root remove it).
+pub fn is_our_status_file(status_file: &Path, pid: u32) -> bool {
+    let ours = |p: &Path| fs::symlink_metadata(p).is_ok_and(|m| m.uid() == euid());
+    let named = status_file.file_name() == Some(std::ffi::OsStr::new(&format!("{pid}.status")));
+    let private = status_file.parent().is_some_and(|dir| {
+        fs::symlink_metadata(dir)
+            .is_ok_and(|m| m.is_dir() && m.uid() == euid() && m.mode() & 0o077 == 0)
+    });
+    named && private && ours(Path::new(&format!("/proc/{pid}")))
+}
+
 /// The default log file of the daemon serving `mountpoint`, in the private directory.
 pub fn default_log_file(mountpoint: &Path) -> PathBuf {
     let mut name: String = mountpoint
@@ -124,6 +138,48 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// Issue 18: `shardfs unmount` (as root) read and removed whatever status file a
+    /// mount's control file named. Only a `<pid>.status` of a process of ours, in a
+    /// private directory of ours, is believed.
+    #[test]
+    fn only_our_daemons_status_file_is_believed() {
+        let dir = std::env::temp_dir().join(format!("shardfs-status-test-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        ensure_private(&dir).unwrap();
+        let me = std::process::id();
+        assert!(is_our_status_file(&dir.join(format!("{me}.status")), me));
+        assert!(!is_our_status_file(&dir.join("shadow"), me), "another name");
+        assert!(
+            !is_our_status_file(Path::new("/etc/1.status"), 1),
+            "not private"
+        );
+        if euid() == 0 {
+            // A process of another user.
+            let mut other = std::process::Command::new("setpriv")
+                .args([
+                    "--reuid=4321",
+                    "--regid=4321",
+                    "--clear-groups",
+                    "sleep",
+                    "5",
+                ])
+                .spawn()
+                .unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            let pid = other.id();
+            assert!(!is_our_status_file(&dir.join(format!("{pid}.status")), pid));
+            let _ = other.kill();
+            let _ = other.wait();
+        }
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(
+            !is_our_status_file(&dir.join(format!("{me}.status")), me),
+            "open dir"
+        );
+        let _ = fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn a_default_log_name_fits_and_tells_paths_apart() {

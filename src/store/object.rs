@@ -59,6 +59,19 @@ impl fmt::Debug for ObjectBacked {
     }
 }
 
+/// `url` without what may be a secret: user and password, query and fragment.
+fn redacted(url: &str) -> String {
+    let url = url.split(['?', '#']).next().unwrap_or_default();
+    match url.split_once("://") {
+        Some((scheme, rest)) => {
+            let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+            let host = authority.rsplit('@').next().unwrap_or_default();
+            format!("{scheme}://{host}{path}")
+        }
+        None => url.to_string(),
+    }
+}
+
 /// Whether `location` names an object store rather than a directory.
 pub fn is_object_url(location: &str) -> bool {
     ["s3://", "s3a://", "gs://", "az://", "abfs://", "abfss://"]
@@ -79,8 +92,25 @@ impl ObjectBacked {
     /// and without the provider's prefix: `endpoint`, `access_key_id`, …) over what the
     /// environment says.
     pub fn open_with(url: &str, config: &[(&str, &str)]) -> io::Result<ObjectBacked> {
-        let parsed = url::Url::parse(url)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("{url}: {e}")))?;
+        let parsed = url::Url::parse(url).map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{}: {e}", redacted(url)),
+            )
+        })?;
+        // A URL is seen by every local user (/proc/mounts, the command line) and logged.
+        if !parsed.username().is_empty() || parsed.password().is_some() || parsed.query().is_some()
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{}: credentials or parameters inside the URL would be visible to every \
+                     local user (/proc/mounts, the command line, the log); give them in the \
+                     environment as the provider documents (AWS_ACCESS_KEY_ID, …)",
+                    redacted(url)
+                ),
+            ));
+        }
         // Client settings go in as configuration, so that those the environment gave
         // (allow_http, proxies) stay.
         // A server that stops answering is found by the read timeout; the total one only
@@ -550,5 +580,29 @@ impl Store for ObjectBacked {
 
     fn describe(&self, key: &Path) -> String {
         format!("{}/{}", self.url.trim_end_matches('/'), key.display())
+    }
+}
+
+#[cfg(test)]
+mod url_tests {
+    use super::*;
+
+    /// Issue 18: an object-store URL is world-visible; one carrying credentials is refused,
+    /// and the refusal does not repeat them.
+    #[test]
+    fn credentials_in_a_url_are_refused_and_never_repeated() {
+        for url in [
+            "s3://AKIA:s3cr3t@bucket/prefix",
+            "s3://AKIA@bucket/prefix",
+            "az://container/prefix?sv=2024&sig=s3cr3t",
+        ] {
+            let Err(err) = ObjectBacked::open(url) else {
+                panic!("accepted");
+            };
+            let text = err.to_string();
+            assert!(text.contains("credentials"), "{text}");
+            assert!(!text.contains("s3cr3t") && !text.contains("AKIA"), "{text}");
+        }
+        assert_eq!(redacted("gs://u:p@b/x?y#z"), "gs://b/x");
     }
 }

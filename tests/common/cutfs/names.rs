@@ -205,7 +205,10 @@ impl Names {
                 false => fs::remove_file(&path)?,
             }
         }
-        self.build(self.root, disk, &mut HashSet::new())
+        self.build(self.root, disk, &mut HashSet::new())?;
+        // The disk stands alone now: its files have one name each again, as after a real
+        // power cut (a mount refuses journal files with a second name).
+        fs::remove_dir_all(&self.attic)
     }
 
     fn build(&self, dir: u64, at: &Path, seen: &mut HashSet<u64>) -> io::Result<()> {
