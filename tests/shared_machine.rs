@@ -639,3 +639,40 @@ fn a_merge_into_a_forged_huge_shard_fails_and_the_mount_lives() {
     let out = common::shardfs(&["unmount", "--give-up", m.mountpoint.to_str().unwrap()]);
     assert!(!common::mount::is_mounted(&m.mountpoint), "{out:?}");
 }
+
+/// Issue 18, a suspicion confirmed: a listing of a key directory walked every directory
+/// below it, however deep (a chain of 2,100 made by someone else cost each `ls` a walk,
+/// and one past PATH_MAX failed it). Shard files lie at most a key's levels down; nothing
+/// deeper is looked into, and the chain is shown as it is.
+#[test]
+fn a_deep_chain_of_directories_in_an_array_costs_a_listing_nothing() {
+    let (_d, backing, _) = dirs();
+    let m = common::mount::Mounted::new(&backing, &["--chunks-per-shard", "4"], LIMIT);
+    fs::create_dir(m.path("a")).unwrap();
+    fs::write(m.path("a/zarr.json"), common::LINE_ARRAY).unwrap();
+    fs::create_dir(m.path("a/c")).unwrap();
+    fs::write(m.path("a/c/1"), [5u8; 16]).unwrap();
+    common::assert_ok(
+        &common::shardfs(&["flush", m.mountpoint.to_str().unwrap()]),
+        "flush",
+    );
+    let chain = run_timeout(
+        Command::new("python3").arg("-c").arg(format!(
+            "import os\nfd = os.open({:?}, os.O_RDONLY)\nfor _ in range(2100):\n    \
+             os.mkdir('xy', dir_fd=fd)\n    fd = os.open('xy', os.O_RDONLY, dir_fd=fd)\n",
+            backing.join("a/c")
+        )),
+        LIMIT,
+    );
+    common::assert_ok(&chain, "the chain");
+    let names: Vec<String> = fs::read_dir(m.path("a/c"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        names.contains(&"1".to_string()) && names.contains(&"xy".to_string()),
+        "{names:?}"
+    );
+    assert_eq!(fs::read(m.path("a/c/1")).unwrap(), vec![5u8; 16]);
+    common::assert_ok(&m.unmount(&[]), "unmount");
+}

@@ -97,7 +97,10 @@ impl ArrayState {
                 ControlFlow::Continue(())
             }
         };
-        let _stopped_early = self.walk_dir(store, &dir, &mut filtered)?;
+        // Shard files lie at most a key's levels below: deeper directories (made by
+        // someone else, thousands deep) are not looked into.
+        let levels = self.layout.ndim() + 1;
+        let _stopped_early = self.walk_dir(store, &dir, levels, &mut filtered)?;
         Ok(())
     }
 
@@ -128,18 +131,20 @@ impl ArrayState {
         Ok(out)
     }
 
+    /// Calls `f` with the shard files below `dir`, looking `levels` directories deep.
     fn walk_dir(
         &self,
         store: &dyn Store,
         dir: &Path,
+        levels: usize,
         f: &mut dyn FnMut(Vec<u64>) -> ControlFlow<()>,
     ) -> Result<ControlFlow<()>, FsError> {
         let ndim = self.layout.ndim();
         let shard_grid = self.layout.shard_grid_shape();
         let listing = store.list(dir).map_err(io::Error::from)?;
-        for name in &listing.dirs {
+        for name in listing.dirs.iter().filter(|_| levels > 0) {
             if self
-                .walk_dir(store, &join_rel(dir, name.as_ref()), f)?
+                .walk_dir(store, &join_rel(dir, name.as_ref()), levels - 1, f)?
                 .is_break()
             {
                 return Ok(ControlFlow::Break(()));
