@@ -130,16 +130,23 @@ impl ShardFs {
         }
     }
 
-    /// Writes closed temporary files (not `zarr.json`) to BACKING, biggest first, until
-    /// pending memory is at `target`. Returns the last error.
+    /// Writes temporary files (not `zarr.json`) to BACKING, closed ones first, biggest
+    /// first, until pending memory is at `target`. One still open goes too: its writer
+    /// goes on writing into the BACKING file (a rename onto a chunk reads it back), so one
+    /// big file being written cannot hold the daemon past the limit. Lock files stay (tiny,
+    /// and their writer's protocol needs them held). Returns the last error.
     fn write_out_temps(&self, target: u64) -> Result<(), FsError> {
         let mut temps: Vec<(std::path::PathBuf, Arc<MemFile>)> = self
             .temps
             .all_files()
             .into_iter()
-            .filter(|(rel, f)| f.settled() && rel.file_name() != Some(METADATA_FILE.as_ref()))
+            // (An object store takes no change in place: an open file stays in memory.)
+            .filter(|(rel, f)| {
+                rel.file_name() != Some(METADATA_FILE.as_ref())
+                    && (f.settled() || (!is_lock_name(rel) && self.published.is_none()))
+            })
             .collect();
-        temps.sort_by_key(|(_, f)| std::cmp::Reverse(f.len()));
+        temps.sort_by_key(|(_, f)| (!f.settled(), std::cmp::Reverse(f.len())));
         let mut result = Ok(());
         for (rel, file) in temps {
             if self.shards.pending_bytes() <= target {
