@@ -174,3 +174,50 @@ fn a_chunks_mode_is_its_arrays_and_a_change_is_refused_not_dropped() {
         "the refusal is not logged: {log}"
     );
 }
+
+/// An object-store mount (a local S3 server): the store keeps no owners. While the mount
+/// lives, a file keeps its maker and mode, so another user is refused as on a local file
+/// system; a later mount shows what the store holds as the mounting user's (README,
+/// "Security model": mount a store for several users only when they all may).
+#[test]
+fn an_object_store_mount_keeps_owners_while_it_lives() {
+    let server = common::s3::S3Server::start("owners");
+    let cache = tempfile::tempdir().unwrap();
+    fs::set_permissions(cache.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let env = server.env();
+    let args = [
+        "--allow-other",
+        "--chunks-per-shard",
+        "4",
+        "--cache-dir",
+        cache.path().to_str().unwrap(),
+    ];
+    let url = Path::new("s3://owners/data");
+    let m = Mounted::with_env(url, &args, &env, LIMIT);
+    fs::set_permissions(
+        m.mountpoint.parent().unwrap(),
+        fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    fs::create_dir(m.path("alice")).unwrap();
+    std::os::unix::fs::chown(m.path("alice"), Some(ALICE), Some(ALICE)).unwrap();
+    let home = m.path("alice");
+    ok(
+        &as_user(ALICE, &home, "umask 077 && echo secret > notes.txt"),
+        "alice writes",
+    );
+    let shown = fs::metadata(home.join("notes.txt")).unwrap();
+    assert_eq!((shown.uid(), shown.mode() & 0o777), (ALICE, 0o600));
+    let bob = as_user(BOB, &home, "cat notes.txt");
+    assert!(!bob.status.success(), "bob read alice's file");
+    common::assert_ok(&m.unmount(&[]), "unmount");
+    let m = Mounted::with_env(url, &args, &env, LIMIT);
+    let shown = fs::metadata(m.path("alice/notes.txt")).unwrap();
+    assert_eq!(
+        shown.uid(),
+        0,
+        "a later mount shows the mounting user as owner"
+    );
+    assert_eq!(fs::read(m.path("alice/notes.txt")).unwrap(), b"secret\n");
+    common::assert_ok(&m.unmount(&[]), "unmount");
+}
