@@ -70,7 +70,15 @@ impl ShardFs {
                 && rel.file_name() != Some(METADATA_FILE.as_ref())
                 && let Err(e) = self.persist_temp_if_there(&rel, &file, false)
             {
-                warn!(file = %rel.display(), "temporary file kept in memory: {e}");
+                // Tried again at the idle pace, and said once: fifty such files once
+                // made thousands of lines in seconds.
+                let first = file.with(|s| {
+                    s.touched = Some(now);
+                    !std::mem::replace(&mut s.persist_failed, true)
+                });
+                if first {
+                    warn!(file = %rel.display(), "temporary file kept in memory, tried again: {e}");
+                }
             }
         }
         let _ = self.relieve_memory();

@@ -172,6 +172,8 @@ pub struct MemState {
     /// Whose file it is, when it is to become a file of BACKING (not a chunk): its maker's
     /// user and group (`maker`).
     pub owner: Option<(u32, u32)>,
+    /// Writing it to BACKING failed once already (said in the log).
+    pub persist_failed: bool,
     /// Written into its shard and dropped from the pending set: a change now would be
     /// lost, so changes are refused and the writer starts again from the shard.
     pub retired: bool,
@@ -211,6 +213,7 @@ impl MemFile {
                 moved_from: None,
                 mode,
                 owner: None,
+                persist_failed: false,
             }),
         }
     }
