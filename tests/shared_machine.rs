@@ -747,3 +747,55 @@ fn a_file_that_cannot_be_written_out_is_said_once() {
     assert!(lines > 0 && lines <= 20, "{lines} lines");
     assert_eq!(fs::read(backing.join("a/notes3")).unwrap(), b"n");
 }
+
+/// Issue 18, hostile BACKING fixtures: a sparse 1 TiB `zarr.json`, a sharded one whose
+/// shard shape overflows any product, and an array of 2^126 chunks written through the
+/// mount. Each is shown (as it is, where it cannot be translated), reads and writes get
+/// answers, and the daemon and its unmount are unharmed.
+#[test]
+fn hostile_documents_in_backing_leave_the_mount_working() {
+    use std::io::Read;
+    let (_d, backing, _) = dirs();
+    fs::create_dir(backing.join("huge")).unwrap();
+    let doc = fs::File::create(backing.join("huge/zarr.json")).unwrap();
+    doc.set_len(1 << 40).unwrap();
+    drop(doc);
+    let big = (1u64 << 63) - 1;
+    let wrapping = serde_json::json!({
+        "zarr_format": 3, "node_type": "array", "shape": [big, big, 4], "data_type": "uint8",
+        "chunk_grid": {"name": "regular", "configuration":
+            {"chunk_shape": [1u64 << 62, 1u64 << 62, 4]}},
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+        "fill_value": 0, "attributes": {},
+        "codecs": [{"name": "sharding_indexed", "configuration": {
+            "chunk_shape": [1, 1, 1], "codecs": [{"name": "bytes"}],
+            "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
+            "index_location": "end"}}]
+    });
+    fs::create_dir(backing.join("wrap")).unwrap();
+    fs::write(backing.join("wrap/zarr.json"), wrapping.to_string()).unwrap();
+    let m = common::mount::Mounted::new(&backing, &["--chunks-per-shard", "4"], LIMIT);
+    let mut head = [1u8; 8];
+    fs::File::open(m.path("huge/zarr.json"))
+        .unwrap()
+        .read_exact(&mut head)
+        .unwrap();
+    assert_eq!(head, [0; 8], "shown as it is");
+    assert!(fs::read_dir(m.path("huge")).unwrap().count() == 1);
+    fs::create_dir_all(m.path("wrap/c/0/0")).unwrap();
+    fs::write(m.path("wrap/c/0/0/0"), b"plain").unwrap();
+    assert_eq!(fs::read(backing.join("wrap/c/0/0/0")).unwrap(), b"plain");
+    let vast = common::LINE_ARRAY
+        .replace("\"shape\":[128]", &format!("\"shape\":[{big},{big}]"))
+        .replace("\"chunk_shape\":[16]", "\"chunk_shape\":[2,2]");
+    fs::create_dir(m.path("vast")).unwrap();
+    fs::write(m.path("vast/zarr.json"), vast).unwrap();
+    fs::create_dir_all(m.path("vast/c/9")).unwrap();
+    fs::write(m.path("vast/c/9/9"), [3u8; 4]).unwrap();
+    assert_eq!(fs::read(m.path("vast/c/9/9")).unwrap(), vec![3u8; 4]);
+    assert!(fs::read_dir(m.path("vast/c")).unwrap().count() >= 1);
+    assert!(m.daemon_alive(), "the daemon died");
+    common::assert_ok(&m.unmount(&[]), "unmount");
+    let out = common::shardfs(&["verify", backing.join("vast").to_str().unwrap()]);
+    common::assert_ok(&out, "verify");
+}
