@@ -1121,3 +1121,75 @@ fn a_dead_mounts_fsynced_chunk_follows_its_array_moved_by_another_mount() {
     assert_ok(&b.unmount(&[]), "unmount b");
     verify(&backing);
 }
+
+/// From the review of the two-mount change (D3): mount A fsynced a chunk, another mount
+/// moved the array, and A wrote that chunk again at the new path; A's old slot, written
+/// after the new one (its path sorts later), put the older content back. A chunk written
+/// before the move never replaces one the shard at the new path got later.
+#[test]
+fn a_chunk_written_before_a_move_never_replaces_one_written_after() {
+    let args = ["--chunks-per-shard", "2", "--idle-flush", "600"];
+    let (_d, backing, _) = dirs();
+    let a = Mounted::new(&backing, &args, LIMIT);
+    array(&a, "z", LINE);
+    let b = Mounted::new(&backing, &args, LIMIT);
+    write_synced(&a.path("z/c/2"), &[0xA2; 16]);
+    fs::create_dir(b.path("g")).unwrap();
+    fs::rename(b.path("z"), b.path("g/b")).unwrap();
+    std::thread::sleep(Duration::from_millis(1100));
+    write_synced(&a.path("g/b/c/2"), &[0xC2; 16]);
+    flush(&a);
+    assert_eq!(fs::read(b.path("g/b/c/2")).unwrap(), vec![0xC2; 16]);
+    for m in [a, b] {
+        assert_ok(&m.unmount(&[]), "unmount");
+    }
+    verify(&backing);
+}
+
+/// From the review of the two-mount change (D1): another mount replaced the array's
+/// directory by a new one holding the same `zarr.json` and key directories. The live
+/// mount kept its pending chunks (the same document) where a replay of them dropped
+/// them (another directory). An array is its directory, for both: the chunks pending in
+/// the old one go with it, and writes after land in the new one at once.
+#[test]
+fn an_array_whose_directory_was_replaced_is_another_array() {
+    let args = ["--chunks-per-shard", "2", "--idle-flush", "600"];
+    let (_d, backing, a, b) = a_with_two_pending_chunks(&args);
+    let base = backing.clone();
+    fs::rename(base.join("a"), base.join("a.old")).unwrap();
+    fs::create_dir(base.join("a")).unwrap();
+    fs::rename(base.join("a.old/zarr.json"), base.join("a/zarr.json")).unwrap();
+    fs::remove_dir_all(base.join("a.old")).unwrap();
+    std::thread::sleep(Duration::from_millis(1100));
+    write_synced(&a.path("a/c/5"), &[0xD5; 16]);
+    flush(&a);
+    assert_eq!(fs::read(b.path("a/c/5")).unwrap(), vec![0xD5; 16]);
+    for gone in ["a/c/0", "a/c/2"] {
+        assert!(!b.path(gone).exists(), "{gone} came into the new directory");
+    }
+    for m in [a, b] {
+        assert_ok(&m.unmount(&[]), "unmount");
+    }
+    verify(&backing);
+}
+
+/// From the review of the two-mount change (D4): with its mount point inside BACKING, a
+/// mount whose array another mount removed searched BACKING for it, went into its own
+/// mount, and wedged (every request thread waiting on itself). Where an array went is
+/// asked of its held directory: no search.
+#[test]
+fn a_mount_inside_backing_never_waits_on_itself() {
+    let args = ["--chunks-per-shard", "2", "--idle-flush", "600"];
+    let (_d, backing, _) = dirs();
+    let inside = backing.join("zz_view");
+    fs::create_dir(&inside).unwrap();
+    let a = Mounted::at(&backing, &inside, &args, LIMIT);
+    array(&a, "a", LINE);
+    fs::create_dir_all(a.path("a/c")).unwrap();
+    fs::write(a.path("a/c/0"), [0xF0; 16]).unwrap();
+    fs::remove_dir_all(backing.join("a")).unwrap();
+    let out = shardfs_timeout(&["flush", a.mountpoint.to_str().unwrap()], LIMIT);
+    assert_ok(&out, "flush");
+    assert!(!backing.join("a").exists(), "the removed array made again");
+    assert_ok(&a.unmount(&[]), "unmount");
+}

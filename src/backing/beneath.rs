@@ -77,12 +77,28 @@ pub fn errno(e: rustix::io::Errno) -> io::Error {
 /// fail (ELOOP, EXDEV); with `O_PATH | O_NOFOLLOW` a link in the last place is opened
 /// itself.
 pub fn open(root: &OwnedFd, rel: &Path, flags: OFlags, mode: u32) -> io::Result<OwnedFd> {
+    open_resolving(root, rel, flags, mode, ResolveFlags::empty())
+}
+
+/// `open`, never crossing into another file system mounted beneath the root (EXDEV).
+pub fn open_on_root_fs(root: &OwnedFd, rel: &Path, flags: OFlags) -> io::Result<OwnedFd> {
+    open_resolving(root, rel, flags, 0, ResolveFlags::NO_XDEV)
+}
+
+fn open_resolving(
+    root: &OwnedFd,
+    rel: &Path,
+    flags: OFlags,
+    mode: u32,
+    extra: ResolveFlags,
+) -> io::Result<OwnedFd> {
     let path: &Path = if rel.as_os_str().is_empty() {
         Path::new(".")
     } else {
         rel
     };
-    let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+    let resolve =
+        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS | extra;
     loop {
         match rustix::fs::openat2(
             root.as_fd(),

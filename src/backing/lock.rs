@@ -64,8 +64,14 @@ pub struct KeyLock {
 impl Backing {
     /// Takes the lock of `rel` (its directory is made if needed).
     pub fn lock_key(&self, rel: &Path) -> io::Result<KeyLock> {
+        self.lock_key_within(rel, Path::new(""))
+    }
+
+    /// `lock_key`, for a key below `within`, which it never makes
+    /// (`Backing::create_dir_all_within`).
+    pub fn lock_key_within(&self, rel: &Path, within: &Path) -> io::Result<KeyLock> {
         let (dir_rel, name) = split(rel)?;
-        self.create_dir_all(dir_rel)?;
+        self.create_dir_all_within(dir_rel, within)?;
         let dir = self.dir(dir_rel)?;
         let lock_name = lock_name(name);
         let start = Instant::now();

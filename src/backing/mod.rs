@@ -22,9 +22,11 @@ use std::time::SystemTime;
 use bytes::Bytes;
 use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags, Timestamps};
 
+pub mod held;
 pub mod owner;
 pub use beneath::EntryKind;
 use beneath::{errno, split};
+pub use held::{DirNow, HeldDir};
 pub use owner::FileOwner;
 
 /// What identifies one version of a file: a rewrite (new inode by rename, or new size or
@@ -146,16 +148,20 @@ impl Backing {
     /// when nothing is there or the file system tells no birth time: an inode number alone
     /// proves little (it is reused, and a FUSE file system may number anew at every mount).
     pub fn dir_instance(&self, rel: &Path) -> String {
-        let Ok(Some(meta)) = self.stat(rel) else {
-            return String::new();
-        };
-        match meta
-            .created()
-            .ok()
-            .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
-        {
-            Some(born) => format!("{:x}-{:x}", meta.ino(), born.as_nanos()),
-            None => String::new(),
+        match self.stat(rel) {
+            Ok(Some(meta)) => instance_of(&meta),
+            _ => String::new(),
+        }
+    }
+
+    /// `stat`, of something on BACKING's own file system only: a file system mounted
+    /// beneath its root (a FUSE mount there, which could be this very mount) is not
+    /// entered, and gives EXDEV.
+    pub fn stat_on_root_fs(&self, rel: &Path) -> io::Result<Option<Metadata>> {
+        match beneath::open_on_root_fs(&self.root_fd, rel, OFlags::PATH | OFlags::NOFOLLOW) {
+            Ok(fd) => File::from(fd).metadata().map(Some),
+            Err(e) if is_absent(&e) => Ok(None),
+            Err(e) => Err(e),
         }
     }
 
@@ -236,13 +242,26 @@ impl Backing {
 
     /// Makes the directory `rel` and its missing parents.
     pub fn create_dir_all(&self, rel: &Path) -> io::Result<()> {
+        self.create_dir_all_within(rel, Path::new(""))
+    }
+
+    /// Makes the directory `rel` and its missing parents below `within`, which is never
+    /// made (ENOENT when it is not there): an array directory that another mount moved
+    /// away meanwhile is not made again at its old path by a shard written into it.
+    pub fn create_dir_all_within(&self, rel: &Path, within: &Path) -> io::Result<()> {
         match self.dir(rel) {
             Ok(_) => return Ok(()),
             Err(e) if !is_absent(&e) => return Err(e),
             Err(_) => {}
         }
+        if !rel.starts_with(within) {
+            return self.create_dir_all(rel);
+        }
+        if rel == within {
+            return Err(io::Error::from(io::ErrorKind::NotFound));
+        }
         if let Some(parent) = rel.parent() {
-            self.create_dir_all(parent)?;
+            self.create_dir_all_within(parent, within)?;
         }
         match self.mkdir(rel, 0o700) {
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
@@ -526,6 +545,18 @@ impl Backing {
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 /// ENOENT, or ENOTDIR from a path component that is a file: both mean "nothing there".
+/// `Backing::dir_instance` of the file `meta` describes.
+pub fn instance_of(meta: &Metadata) -> String {
+    match meta
+        .created()
+        .ok()
+        .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+    {
+        Some(born) => format!("{:x}-{:x}", meta.ino(), born.as_nanos()),
+        None => String::new(),
+    }
+}
+
 pub fn is_absent(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ENOTDIR)
 }
@@ -563,5 +594,31 @@ mod temp_name_tests {
             super::temp_name("x", 3),
             format!(".x.shardfs-{}-3", std::process::id())
         );
+    }
+}
+
+#[cfg(test)]
+mod within_tests {
+    use super::*;
+    use std::fs;
+
+    /// From the review of the two-mount change (D5): a shard written into an array that
+    /// another mount had just moved away made the array's directory again at its old
+    /// path. Directories below `within` are made; `within` itself never is.
+    #[test]
+    fn the_directory_a_key_lives_within_is_never_made() {
+        let dir = std::env::temp_dir().join(format!("shardfs-within-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(dir.join("a")).unwrap();
+        let b = Backing::new(dir.clone()).unwrap();
+        b.create_dir_all_within(Path::new("a/c/1"), Path::new("a"))
+            .unwrap();
+        assert!(dir.join("a/c/1").is_dir());
+        let gone = b.create_dir_all_within(Path::new("moved/c/1"), Path::new("moved"));
+        assert_eq!(gone.unwrap_err().kind(), io::ErrorKind::NotFound);
+        assert!(!dir.join("moved").exists());
+        let lock = b.lock_key_within(Path::new("moved/c/0"), Path::new("moved"));
+        assert!(lock.is_err() && !dir.join("moved").exists());
+        let _ = fs::remove_dir_all(&dir);
     }
 }

@@ -26,9 +26,11 @@ pub struct ArrayState {
     pub meta_version: FileVersion,
     pub meta_mtime: SystemTime,
     /// Which directory held the array when its `zarr.json` was read
-    /// (`Backing::dir_instance`): another mount may remove it and make it again, or move
-    /// it, while this one holds chunks of it.
+    /// (`Backing::dir_instance`), as journal records name it.
     pub instance: String,
+    /// That directory itself: another mount may remove it and make another at its path,
+    /// or move it, while this one holds chunks of it (`shards::whereabouts`).
+    pub dir: Option<std::sync::Arc<crate::backing::HeldDir>>,
 }
 
 /// An entry of a directory of the chunk-key tree.
@@ -44,6 +46,15 @@ impl ArrayState {
         ArrayState {
             rel,
             ..self.clone()
+        }
+    }
+
+    /// Whether `other` was read in the same directory as this one (not one made anew at
+    /// its path).
+    pub fn same_directory(&self, other: &ArrayState) -> bool {
+        match (&self.dir, &other.dir) {
+            (Some(a), Some(b)) => a.id() == b.id(),
+            _ => self.instance == other.instance,
         }
     }
 

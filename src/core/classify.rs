@@ -11,7 +11,7 @@ use tracing::{info, warn};
 use super::array::{ArrayState, lock};
 use super::error::FsError;
 use super::group::GroupView;
-use crate::backing::{Backing, FileVersion, mtime_of};
+use crate::backing::{Backing, FileVersion, HeldDir, mtime_of};
 use crate::zarr::{
     LayoutError, METADATA_FILE, Node, ShardLayout, translate_consolidated, unsharded_view,
 };
@@ -57,8 +57,11 @@ impl Classifier {
             }
         };
         let version = FileVersion::of(&meta);
+        // The same document in another directory (made anew at the path, the document
+        // moved into it) is another array.
         if let Some((v, class)) = lock(&self.cache).get(dir)
             && *v == version
+            && same_dir(class, backing, dir)
         {
             return Ok(class.clone());
         }
@@ -71,6 +74,14 @@ impl Classifier {
         let class = classify_document(dir, &doc, &bytes, version, mtime_of(&meta), backing);
         lock(&self.cache).insert(dir.to_path_buf(), (version, class.clone()));
         Ok(class)
+    }
+}
+
+/// Whether `class`, if an array, was read in the directory that is at `dir` now.
+fn same_dir(class: &DirClass, backing: &Backing, dir: &Path) -> bool {
+    match class {
+        DirClass::ShardedArray(a) => a.dir.as_ref().is_none_or(|h| h.is_at(backing, dir)),
+        _ => true,
     }
 }
 
@@ -97,6 +108,7 @@ fn classify_document(
                 meta_version: version,
                 meta_mtime: mtime,
                 instance: backing.dir_instance(dir),
+                dir: HeldDir::open(backing, dir).map(Arc::new),
             })),
             (Ok(None), _) => DirClass::Plain,
             (Err(e), _) | (_, Err(e)) => {

@@ -188,7 +188,8 @@ impl ShardFs {
         dir: &Path,
         sharded: &ArrayMetadata,
     ) -> Result<Vec<PathBuf>, FsError> {
-        let Some(array) = draft_array(dir, sharded, self.backing.dir_instance(dir)) else {
+        let held = crate::backing::HeldDir::open(&self.backing, dir).map(Arc::new);
+        let Some(array) = draft_array(dir, sharded, self.backing.dir_instance(dir), held) else {
             return Ok(Vec::new());
         };
         self.unstage(&array, dir, &KeyNode::Root)?;
@@ -428,7 +429,12 @@ fn staged(rel: &Path) -> PathBuf {
 
 /// The array `sharded` would make of `dir` (the directory `instance`), before its
 /// metadata is stored.
-fn draft_array(dir: &Path, sharded: &ArrayMetadata, instance: String) -> Option<Arc<ArrayState>> {
+fn draft_array(
+    dir: &Path,
+    sharded: &ArrayMetadata,
+    instance: String,
+    held: Option<Arc<crate::backing::HeldDir>>,
+) -> Option<Arc<ArrayState>> {
     let layout = ShardLayout::of(sharded).ok().flatten()?;
     let view = unsharded_view(sharded).ok()?;
     Some(Arc::new(ArrayState {
@@ -443,5 +449,6 @@ fn draft_array(dir: &Path, sharded: &ArrayMetadata, instance: String) -> Option<
         },
         meta_mtime: std::time::SystemTime::now(),
         instance,
+        dir: held,
     }))
 }

@@ -109,6 +109,27 @@ pub trait Store: Send + Sync + Debug {
     ) -> Result<ObjectInfo, StoreError>;
     /// Removes `key` if `when` holds. `Ok(false)`: it was not there.
     fn delete(&self, key: &Path, when: Precondition) -> Result<bool, StoreError>;
+    /// `put` of a key below the directory `within` (its array), which a store of
+    /// directories never makes: one moved away meanwhile fails the write (ENOENT) instead
+    /// of being made again at its old path. Stores without directories ignore it.
+    fn put_within(
+        &self,
+        _within: &Path,
+        key: &Path,
+        parts: &[Bytes],
+        when: Precondition,
+    ) -> Result<ObjectInfo, StoreError> {
+        self.put(key, parts, when)
+    }
+    /// `delete`, for a key below `within` (as `put_within`).
+    fn delete_within(
+        &self,
+        _within: &Path,
+        key: &Path,
+        when: Precondition,
+    ) -> Result<bool, StoreError> {
+        self.delete(key, when)
+    }
     /// The directories and objects directly below `dir` ("" for the top).
     fn list(&self, dir: &Path) -> Result<Listing, StoreError>;
     /// `key` as a user would name it, for messages.

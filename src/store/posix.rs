@@ -47,7 +47,17 @@ impl Store for Backing {
         parts: &[Bytes],
         when: Precondition,
     ) -> Result<ObjectInfo, StoreError> {
-        let (lock, current) = self.locked_if(key, &when)?;
+        self.put_within(Path::new(""), key, parts, when)
+    }
+
+    fn put_within(
+        &self,
+        within: &Path,
+        key: &Path,
+        parts: &[Bytes],
+        when: Precondition,
+    ) -> Result<ObjectInfo, StoreError> {
+        let (lock, current) = self.locked_if(within, key, &when)?;
         let durability = if current.is_some() {
             Durability::DataBeforeRename
         } else {
@@ -58,7 +68,16 @@ impl Store for Backing {
     }
 
     fn delete(&self, key: &Path, when: Precondition) -> Result<bool, StoreError> {
-        let (lock, _) = self.locked_if(key, &when)?;
+        self.delete_within(Path::new(""), key, when)
+    }
+
+    fn delete_within(
+        &self,
+        within: &Path,
+        key: &Path,
+        when: Precondition,
+    ) -> Result<bool, StoreError> {
+        let (lock, _) = self.locked_if(within, key, &when)?;
         let dir = lock.dir_rel().to_path_buf();
         let removed = lock.remove()?;
         self.prune_empty_dirs(&dir, dir.ancestors().last().unwrap_or(&dir));
@@ -92,10 +111,11 @@ impl Backing {
     /// nobody who follows the protocol changes it before the write that follows.
     fn locked_if(
         &self,
+        within: &Path,
         key: &Path,
         when: &Precondition,
     ) -> Result<(crate::backing::lock::KeyLock, Option<Metadata>), StoreError> {
-        let lock = self.lock_key(key)?;
+        let lock = self.lock_key_within(key, within)?;
         let current = self.stat(key)?.filter(Metadata::is_file);
         let tag = match &current {
             Some(_) => match Backing::open(self, key) {

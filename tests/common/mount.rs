@@ -111,6 +111,30 @@ impl Mounted {
         let dir = tempfile::tempdir().unwrap();
         let mountpoint = dir.path().join("mnt");
         std::fs::create_dir(&mountpoint).unwrap();
+        Mounted::mount(backing, dir, mountpoint, extra_args, env, limit)
+    }
+
+    /// As `new`, at the existing directory `mountpoint` (which may lie inside BACKING).
+    pub fn at(backing: &Path, mountpoint: &Path, extra_args: &[&str], limit: Duration) -> Mounted {
+        let dir = tempfile::tempdir().unwrap();
+        Mounted::mount(
+            backing,
+            dir,
+            mountpoint.to_path_buf(),
+            extra_args,
+            &[],
+            limit,
+        )
+    }
+
+    fn mount(
+        backing: &Path,
+        dir: tempfile::TempDir,
+        mountpoint: PathBuf,
+        extra_args: &[&str],
+        env: &[(&str, String)],
+        limit: Duration,
+    ) -> Mounted {
         let log = dir.path().join("shardfs.log");
         let mut args = vec![
             "mount",

@@ -230,7 +230,7 @@ impl ShardRegistry {
                     // drops what the old one held, `whereabouts`).
                     Some(s)
                         if s.array.layout.same_placement(&array.layout)
-                            && s.array.instance == array.instance =>
+                            && s.array.same_directory(array) =>
                     {
                         s.last_used.store(self.tick(), Ordering::Relaxed);
                         return Ok(s.clone());

@@ -3,8 +3,10 @@
 //! mount still holds chunks of it. As with a file on any POSIX file system, what was written
 //! into a removed array is gone with it (it must never show up in the array made anew), and
 //! what was written into a moved one goes where the array went (never to the old path,
-//! where no array is). The array is known by its directory (`ArrayState::instance`) and its
-//! `zarr.json` (`ArrayState::meta_version`).
+//! where no array is). An array is its directory: held by a descriptor
+//! (`ArrayState::dir`), the kernel says where it is now. A dead mount's records name it
+//! by inode and birth time (`ArrayState::instance`); replay looks for that directory
+//! (`find_moved`).
 
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
@@ -14,7 +16,7 @@ use std::time::{Duration, Instant};
 use super::super::array::{ArrayState, lock};
 use super::super::memfile::MAX_METADATA_BYTES;
 use super::ShardRegistry;
-use crate::backing::{Backing, EntryKind, FileVersion};
+use crate::backing::{Backing, DirNow, EntryKind};
 use crate::zarr::{METADATA_FILE, Node};
 
 /// How many directories a search for a moved array looks at before it gives up.
@@ -55,23 +57,21 @@ pub(super) enum Whereabouts {
 }
 
 impl ShardRegistry {
-    /// Where `array` is now: looked at before each shard write, which costs a `stat`.
+    /// Where `array` is now: looked at before each shard write (an `fstat` and a
+    /// `readlink`). Without a held directory (an object store's mirror, or no descriptor
+    /// to spare) the array is taken to be where it was.
     pub(super) fn whereabouts(&self, backing: &Backing, array: &Arc<ArrayState>) -> Whereabouts {
-        if !self.store_is_backing || array.instance.is_empty() {
+        let Some(held) = array.dir.as_ref().filter(|_| self.store_is_backing) else {
             return Whereabouts::At(array.clone());
-        }
-        if backing.dir_instance(&array.rel) == array.instance
-            || same_document(backing, array, &array.rel)
-        {
-            return Whereabouts::At(array.clone());
-        }
-        match self.find_moved(backing, &array.instance) {
-            Some(rel) => {
+        };
+        match held.now(backing) {
+            DirNow::At(rel) if rel == array.rel => Whereabouts::At(array.clone()),
+            DirNow::At(rel) => {
                 tracing::info!(array = %array.rel.display(), now = %rel.display(),
                     "array moved by another mount: its chunks go where it went");
                 Whereabouts::At(Arc::new(array.moved_to(rel)))
             }
-            None => {
+            DirNow::Gone => {
                 tracing::warn!(array = %array.rel.display(),
                     "array removed by another mount: the chunks written into it here go \
                      with it");
@@ -92,18 +92,11 @@ impl ShardRegistry {
     }
 }
 
-/// Whether the `zarr.json` at `dir` is the very file the array was read from: a directory
-/// made anew with the old document moved into it is still that array.
-fn same_document(backing: &Backing, array: &ArrayState, dir: &Path) -> bool {
-    match backing.stat(&dir.join(METADATA_FILE)) {
-        Ok(Some(m)) => FileVersion::of(&m) == array.meta_version,
-        _ => false,
-    }
-}
-
 /// The directory of BACKING whose instance is `instance`, breadth first. An array's own
 /// key tree is never entered (arrays hold no arrays), nor shardfs's own directory.
 fn find_dir(backing: &Backing, instance: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let root_dev = backing.stat_on_root_fs(Path::new("")).ok().flatten()?.dev();
     let mut queue = VecDeque::from([PathBuf::new()]);
     let mut seen = 0;
     while let Some(dir) = queue.pop_front() {
@@ -112,7 +105,15 @@ fn find_dir(backing: &Backing, instance: &str) -> Option<PathBuf> {
             tracing::warn!("moved array not searched for beyond {SEARCH_LIMIT} directories");
             return None;
         }
-        if !dir.as_os_str().is_empty() && backing.dir_instance(&dir) == instance {
+        // Never into another file system mounted inside BACKING: a FUSE mount there (this
+        // very mount, or another) would have the search wait on itself.
+        let Ok(Some(meta)) = backing.stat_on_root_fs(&dir) else {
+            continue;
+        };
+        if meta.dev() != root_dev {
+            continue;
+        }
+        if !dir.as_os_str().is_empty() && crate::backing::instance_of(&meta) == instance {
             return Some(dir);
         }
         if holds_array(backing, &dir) {

@@ -17,7 +17,7 @@ use super::super::error::FsError;
 use super::super::memfile::MemFile;
 use super::super::stats::Stats;
 use super::body::InBody;
-use super::stored::{StoredIndex, open_shard};
+use super::stored::{OpenShard, StoredIndex, open_shard};
 use super::whereabouts::Whereabouts;
 use super::{Failure, ShardRegistry, ShardSlot};
 use crate::backing::Backing;
@@ -147,6 +147,8 @@ impl ShardRegistry {
                 let moved = !Arc::ptr_eq(&array, &slot.array);
                 let job = ShardJob {
                     backing,
+                    moved,
+                    within: &array.rel,
                     rel: &array.shard_rel(&slot.shard),
                     format: &array.layout.index,
                     chosen: &taken.chosen,
@@ -313,8 +315,14 @@ impl ShardRegistry {
 }
 
 /// One shard write: what to write, and against what.
+#[derive(Clone, Copy)]
 struct ShardJob<'a> {
     backing: &'a Backing,
+    /// The array's directory is not where the chunks were written (another mount moved
+    /// it): a position the shard there got later (its stamp) keeps what it has.
+    moved: bool,
+    /// The array's directory, which the write never makes (`Store::put_within`).
+    within: &'a Path,
     rel: &'a Path,
     format: &'a IndexFormat,
     chosen: &'a [Chosen],
@@ -322,6 +330,30 @@ struct ShardJob<'a> {
     times: &'a BTreeMap<usize, u64>,
     cached: Option<&'a StoredIndex>,
     mode: WriteMode,
+}
+
+/// A shard job with its own lists (`ShardJob::without_later`).
+struct OwnedJob<'a> {
+    job: ShardJob<'a>,
+    chosen: Vec<Chosen>,
+    deleted: BTreeSet<usize>,
+    times: BTreeMap<usize, u64>,
+}
+
+impl OwnedJob<'_> {
+    fn build_and_put(
+        &self,
+        reg: &ShardRegistry,
+        current: Option<OpenShard>,
+    ) -> Result<Written, FsError> {
+        let job = ShardJob {
+            chosen: &self.chosen,
+            deleted: &self.deleted,
+            times: &self.times,
+            ..self.job
+        };
+        job.build_and_put(reg, current)
+    }
 }
 
 impl ShardJob<'_> {
@@ -354,6 +386,49 @@ impl ShardJob<'_> {
             WriteMode::Replace => None,
             _ => open_shard(store, self.rel, self.format, self.cached)?,
         };
+        let later = match (&current, self.moved) {
+            (Some(open), true) => reg.stamps_of(open),
+            _ => None,
+        };
+        match later {
+            Some(stamps) => self.without_later(&stamps).build_and_put(reg, current),
+            None => self.build_and_put(reg, current),
+        }
+    }
+
+    /// For a moved array: the chunks (and removals) taken, less those whose position the
+    /// shard at the new path got later, written there by another writer since the move.
+    fn without_later(&self, stamps: &[u64]) -> OwnedJob<'_> {
+        let later = |p: &usize| {
+            let ours = self.times.get(p).copied().unwrap_or(u64::MAX);
+            stamps.get(*p).is_some_and(|&theirs| theirs > ours)
+        };
+        OwnedJob {
+            job: *self,
+            chosen: self
+                .chosen
+                .iter()
+                .filter(|c| !later(&c.0))
+                .cloned()
+                .collect(),
+            deleted: self.deleted.iter().filter(|p| !later(p)).copied().collect(),
+            times: self
+                .times
+                .iter()
+                .filter(|(p, _)| !later(p))
+                .map(|(p, t)| (*p, *t))
+                .collect(),
+        }
+    }
+
+    /// Builds the new shard from the current one (`current`) and what is taken, and puts
+    /// it in place on the condition that the current one is still there.
+    fn build_and_put(
+        &self,
+        reg: &ShardRegistry,
+        current: Option<OpenShard>,
+    ) -> Result<Written, FsError> {
+        let store = &*reg.store;
         let mut builder = ShardBuilder::new(self.format.clone());
         if let Some(open) = &current {
             self.keep_stored(reg, &mut builder, &*open.file, &open.stored)?;
@@ -376,7 +451,10 @@ impl ShardJob<'_> {
             (None, _) => Precondition::Absent,
         };
         let Some(encoded) = builder.build() else {
-            if store.delete(self.rel, when).map_err(store_err)? {
+            if store
+                .delete_within(self.within, self.rel, when)
+                .map_err(store_err)?
+            {
                 Stats::add(&reg.stats.shards_deleted, 1);
                 debug!(shard = %self.rel.display(), "shard removed: no chunk left");
             }
@@ -392,7 +470,7 @@ impl ShardJob<'_> {
         // new one is not. Either is made durable later, when a writer's fsync, the
         // background pass or the unmount asks (`ShardRegistry::make_durable`).
         let info = store
-            .put(self.rel, encoded.buffers(), when)
+            .put_within(self.within, self.rel, encoded.buffers(), when)
             .map_err(store_err)?;
         debug!(shard = %self.rel.display(), bytes = encoded.len(), mode = ?self.mode, "shard written");
         Ok(self.written(reg, encoded.len(), info, encoded.index().clone()))
@@ -442,7 +520,7 @@ impl ShardJob<'_> {
         {
             return Ok(None);
         }
-        let key = self.backing.lock_key(self.rel)?;
+        let key = self.backing.lock_key_within(self.rel, self.within)?;
         if self.backing.stat(self.rel)?.is_some() {
             return Ok(None);
         }
