@@ -10,6 +10,7 @@ use std::fs;
 use std::io::{self, Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -300,6 +301,10 @@ pub fn run_foreground(config: &MountConfig, ready: Option<OwnedFd>) -> Result<()
     sweep_status_files(status_file.parent());
     let signals = block_signals();
     raise_fd_limit();
+    // The kernel applied each caller's umask to the modes it sends; the daemon's own would
+    // be applied again on top (a group directory made 2775 came out 2755). Every file the
+    // daemon makes for itself is given its mode explicitly.
+    rustix::process::umask(rustix::fs::Mode::empty());
     let daemon = DaemonInfo {
         pid: std::process::id(),
         status_file: status_file.clone(),
@@ -720,6 +725,9 @@ pub fn unmount(mountpoint: &Path, lazy: bool, give_up: bool) -> Result<(), Daemo
     }
     let mountpoint = &live_mount(mountpoint)?;
     let shown = mountpoint.display().to_string();
+    let root_id = fs::metadata(mountpoint)
+        .map(|m| (m.dev(), m.ino()))
+        .map_err(io_err(mountpoint))?;
     let control = mountpoint.join(CONTROL_FILE);
     let info = read_control(&control)?;
     // Checked while the daemon lives (its /proc entry tells whose it is).
@@ -740,9 +748,18 @@ pub fn unmount(mountpoint: &Path, lazy: bool, give_up: bool) -> Result<(), Daemo
         control_flush(&control, "give-up").map_err(io_err(&control))?;
         given_up = Some(what);
     }
+    // Still the mount it was when asked: a directory on the way that its user moved away
+    // and replaced by a link (while the flush waited) would have this unmount another one.
+    let now = fs::metadata(mountpoint).map(|m| (m.dev(), m.ino())).ok();
+    if now != Some(root_id) || live_mount(mountpoint).is_err() {
+        return Err(DaemonError::Unclean(format!(
+            "{shown} is no longer the mount it was when asked (a directory on its path \
+             changed): nothing unmounted"
+        )));
+    }
     let c = CString::new(mountpoint.as_os_str().as_bytes())
         .map_err(|_| DaemonError::NotShardfs(shown.clone()))?;
-    let flags = if lazy { libc::MNT_DETACH } else { 0 };
+    let flags = libc::UMOUNT_NOFOLLOW | if lazy { libc::MNT_DETACH } else { 0 };
     // SAFETY: `c` is a valid C string.
     if unsafe { libc::umount2(c.as_ptr(), flags) } != 0 {
         let e = io::Error::last_os_error();
@@ -759,6 +776,11 @@ pub fn unmount(mountpoint: &Path, lazy: bool, give_up: bool) -> Result<(), Daemo
             info.status_file.display()
         )));
     }
+    daemon_verdict(&info, given_up)
+}
+
+/// After the unmount: waits for the daemon to exit and reads what it says of its end.
+fn daemon_verdict(info: &ControlInfo, given_up: Option<String>) -> Result<(), DaemonError> {
     if !wait_for_exit(info.pid) {
         return Err(DaemonError::Unclean(format!(
             "unmounted, but the daemon (pid {}) is still running; see its log",

@@ -371,7 +371,7 @@ impl Filesystem for FuseAdapter {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -395,6 +395,11 @@ impl Filesystem for FuseAdapter {
             atime: atime.map(time),
             mtime: mtime.map(time),
             fh: fh.map(|f| f.0),
+            by: crate::backing::Asker {
+                uid: req.uid(),
+                gid: req.gid(),
+                pid: req.pid(),
+            },
         };
         match self.run(|| self.core.setattr(ino.0, &set)) {
             Ok(attr) => reply.attr(&ttl(&attr), &file_attr(&attr)),

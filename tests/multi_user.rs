@@ -221,3 +221,64 @@ fn an_object_store_mount_keeps_owners_while_it_lives() {
     assert_eq!(fs::read(m.path("alice/notes.txt")).unwrap(), b"secret\n");
     common::assert_ok(&m.unmount(&[]), "unmount");
 }
+
+/// From the hostile review of issue 18 (D6): the daemon's own umask (022) was applied on
+/// top of the caller's: with umask 002 in a group directory, a member made 2755
+/// directories and 0644 files the group could not write. Only the caller's umask counts.
+#[test]
+fn only_the_callers_umask_counts() {
+    let (_d, backing, m) = shared_mount();
+    let shared = backing.join("shared");
+    fs::create_dir(&shared).unwrap();
+    std::os::unix::fs::chown(&shared, Some(0), Some(5000)).unwrap();
+    fs::set_permissions(&shared, fs::Permissions::from_mode(0o2775)).unwrap();
+    let out = common::mount::run_timeout(
+        Command::new("setpriv")
+            .args([
+                &format!("--reuid={ALICE}"),
+                &format!("--regid={ALICE}"),
+                "--groups=5000",
+                "--",
+                "sh",
+                "-c",
+                "umask 002 && mkdir d && touch f && mkfifo p",
+            ])
+            .current_dir(m.path("shared")),
+        LIMIT,
+    );
+    ok(&out, "alice makes things in the group directory");
+    assert_eq!(owner(&shared.join("d")), (ALICE, 5000, 0o2775));
+    assert_eq!(owner(&shared.join("f")), (ALICE, 5000, 0o664));
+    assert_eq!(owner(&shared.join("p")).2, 0o664);
+    common::assert_ok(&m.unmount(&[]), "unmount");
+}
+
+/// From the hostile review of issue 18 (D2): a chmod or truncate by path went to whatever
+/// file was at the path when the daemon acted; a user who swapped another user's file in
+/// after the kernel's permission check (made on its cached view) had root chmod or cut the
+/// victim's file. The change is made on the inode found, and refused unless the caller may
+/// make it to that inode.
+#[test]
+fn a_chmod_by_path_never_reaches_a_file_swapped_in() {
+    let (_d, backing, m) = shared_mount();
+    let home = m.path(&ALICE.to_string());
+    ok(
+        &as_user(ALICE, &home, "echo mine > x && stat x >/dev/null"),
+        "alice",
+    );
+    let victim = backing.join(BOB.to_string()).join("secret");
+    fs::write(&victim, b"bob's").unwrap();
+    std::os::unix::fs::chown(&victim, Some(BOB), Some(BOB)).unwrap();
+    fs::set_permissions(&victim, fs::Permissions::from_mode(0o600)).unwrap();
+    let at = backing.join(ALICE.to_string()).join("x");
+    fs::rename(&victim, &at).unwrap();
+    // Within the kernel's attribute timeout: it still thinks x is alice's.
+    let _ = as_user(ALICE, &home, "chmod 666 x; truncate -s 0 x");
+    assert_eq!(owner(&at), (BOB, BOB, 0o600), "the victim's mode changed");
+    assert_eq!(
+        fs::read(&at).unwrap(),
+        b"bob's",
+        "the victim's file was cut"
+    );
+    common::assert_ok(&m.unmount(&[]), "unmount");
+}

@@ -799,3 +799,48 @@ fn hostile_documents_in_backing_leave_the_mount_working() {
     let out = common::shardfs(&["verify", backing.join("vast").to_str().unwrap()]);
     common::assert_ok(&out, "verify");
 }
+
+/// From the hostile review of issue 18 (D1): once an open file held in memory had gone
+/// to BACKING (over the memory limit), every read and write through its descriptor
+/// opened it again by its path, as root: another user who put their victim's file at that
+/// path read and wrote it. The descriptor keeps to the file it wrote.
+#[test]
+fn an_open_file_gone_to_backing_is_never_reopened_by_its_path() {
+    use std::io::{Read, Seek, Write};
+    use std::os::unix::fs::FileExt;
+    let (d, backing, _) = dirs();
+    let args = ["--chunks-per-shard", "4", "--max-pending-memory", "8M"];
+    let m = common::mount::Mounted::new(&backing, &args, LIMIT);
+    fs::create_dir(m.path("a")).unwrap();
+    fs::write(m.path("a/zarr.json"), common::LINE_ARRAY).unwrap();
+    let mut f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(m.path("a/big.tmp"))
+        .unwrap();
+    f.write_all(&vec![b'o'; 12 << 20]).unwrap();
+    assert!(backing.join("a/big.tmp").exists(), "not gone to BACKING");
+    let victim = d.path().join("victim");
+    fs::write(&victim, b"VICTIM SECRET").unwrap();
+    fs::rename(&victim, backing.join("a/big.tmp")).unwrap();
+    f.write_all_at(b"PWNED", 0).unwrap();
+    let mut head = [0u8; 5];
+    f.read_exact_at(&mut head, 0).unwrap();
+    assert_eq!(&head, b"PWNED", "reads what it wrote");
+    let stolen = fs::read(backing.join("a/big.tmp")).unwrap();
+    assert_eq!(
+        stolen, b"VICTIM SECRET",
+        "the file put at its path was written"
+    );
+    f.seek(std::io::SeekFrom::Start(0)).unwrap();
+    let mut all = Vec::new();
+    f.read_to_end(&mut all).unwrap();
+    assert!(
+        !all.starts_with(b"VICTIM"),
+        "the file put at its path was read"
+    );
+    drop(f);
+    common::assert_ok(&m.unmount(&[]), "unmount");
+}

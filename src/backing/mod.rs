@@ -24,10 +24,12 @@ use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags, Timestamps};
 
 pub mod held;
 pub mod owner;
+pub mod pinned;
 pub use beneath::EntryKind;
 use beneath::{errno, split};
 pub use held::{DirNow, HeldDir};
 pub use owner::FileOwner;
+pub use pinned::{Asker, AttrChange};
 
 /// What identifies one version of a file: a rewrite (new inode by rename, or new size or
 /// mtime in place) changes it.
@@ -378,7 +380,12 @@ impl Backing {
     pub fn chown_made(&self, rel: &Path, ty: u32, uid: u32, gid: Option<u32>) -> io::Result<()> {
         let fd = self.open_beneath(rel, OFlags::PATH | OFlags::NOFOLLOW, 0)?;
         let st = rustix::fs::fstat(&fd)?;
-        if st.st_mode & libc::S_IFMT != ty {
+        // What the daemon just made is its own, and a directory of it is empty: another
+        // user's file or directory swapped in (RENAME_EXCHANGE) meanwhile is not given away.
+        let fresh = st.st_mode & libc::S_IFMT == ty
+            && st.st_uid == rustix::process::geteuid().as_raw()
+            && (ty != libc::S_IFDIR || st.st_nlink <= 2);
+        if !fresh {
             return Err(io::Error::other(
                 "replaced by another file since it was made",
             ));
@@ -426,14 +433,14 @@ impl Backing {
     /// only on short writes) to a temporary file in the same directory, `fdatasync` so that
     /// a crash can never leave a torn file under the final name, then `rename`. With
     /// `durable`, the directory is synced too, making the rename itself durable. Returns
-    /// the new file's metadata.
+    /// the new file's metadata, and the file (open to read and write).
     pub fn write_atomic(
         &self,
         rel: &Path,
         buffers: &[Bytes],
         durable: bool,
         owner: Option<FileOwner>,
-    ) -> io::Result<Metadata> {
+    ) -> io::Result<(Metadata, File)> {
         let (dir_rel, name) = split(rel)?;
         self.create_dir_all(dir_rel)?;
         let owner = match owner {
@@ -444,6 +451,7 @@ impl Backing {
         let tmp_name = temp_name(&name.to_string_lossy(), n);
         let tmp = dir_rel.join(&tmp_name);
         let create = OpenMode {
+            read: true,
             write: true,
             create_new: Some(0o600),
             ..OpenMode::default()
@@ -466,10 +474,13 @@ impl Backing {
             }
             file.metadata()
         })();
-        if result.is_err() {
-            let _ = self.remove_file(&tmp);
+        match result {
+            Ok(meta) => Ok((meta, file)),
+            Err(e) => {
+                let _ = self.remove_file(&tmp);
+                Err(e)
+            }
         }
-        result
     }
 
     /// Who a file written at `rel` belongs to when nobody says: the owner and mode of the

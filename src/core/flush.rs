@@ -231,9 +231,11 @@ impl ShardFs {
             return Ok(());
         }
         let segments = file.snapshot().data.segments();
-        self.write_whole(rel, &segments, durable, file.maker())?;
+        let written = self.write_whole(rel, &segments, durable, file.maker())?;
         self.drop_temp_if(rel, file);
-        self.inodes.rekind_file(file, NodeKind::File);
+        for ino in self.inodes.rekind_file(file, NodeKind::File) {
+            self.handles.went_to(ino, &written);
+        }
         Stats::add(&self.shards.stats.temp_files_persisted, 1);
         info!(file = %rel.display(), "temporary file never renamed: written to BACKING as it is");
         Ok(())

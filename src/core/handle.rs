@@ -54,6 +54,11 @@ pub struct FileHandle {
     /// The in-memory file this handle wrote to since its last FLUSH: it counts as one of
     /// that file's unflushed writers until then.
     pub dirty: Mutex<Option<Arc<MemFile>>>,
+    /// The BACKING file that the file held in memory went to while this handle was open
+    /// (written out: idle, or over the memory limit). Reads and writes go on through it,
+    /// never by its path: someone who may write the directory could have put another
+    /// user's file there.
+    pub went_to: std::sync::OnceLock<File>,
 }
 
 impl FileHandle {
@@ -65,6 +70,7 @@ impl FileHandle {
             backing_stale: std::sync::atomic::AtomicBool::new(false),
             as_chunk: std::sync::atomic::AtomicBool::new(false),
             stored: Mutex::new(None),
+            went_to: std::sync::OnceLock::new(),
             bytes: None,
             dirty: Mutex::new(None),
         }
@@ -75,6 +81,11 @@ impl FileHandle {
         self.backing
             .as_ref()
             .filter(|_| !self.backing_stale.load(Ordering::Relaxed))
+    }
+
+    /// The BACKING file this handle reads and writes: its own, or the one its file went to.
+    pub fn file(&self) -> Option<&File> {
+        self.backing_file().or_else(|| self.went_to.get())
     }
 
     /// Records a write into `file`: the first one since the last FLUSH makes this handle
@@ -156,6 +167,19 @@ impl HandleTable {
     }
 
     /// A BACKING file open on `ino` by some handle (the way to a file that lost its name).
+    /// The file held in memory at `ino` went to BACKING as `file`: the handles open on it
+    /// go on through that descriptor.
+    pub fn went_to(&self, ino: Ino, file: &File) {
+        for h in lock(&self.handles).values() {
+            if let Handle::File(f) = h.as_ref()
+                && f.ino == ino
+                && let Ok(dup) = file.try_clone()
+            {
+                let _ = f.went_to.set(dup);
+            }
+        }
+    }
+
     pub fn backing_file_of(&self, ino: Ino) -> Option<File> {
         lock(&self.handles).values().find_map(|h| match h.as_ref() {
             Handle::File(f) if f.ino == ino => f.backing_file()?.try_clone().ok(),

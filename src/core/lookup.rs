@@ -684,7 +684,7 @@ impl ShardFs {
         let how = OpenMode {
             read: flags & libc::O_ACCMODE != libc::O_WRONLY,
             write: writable,
-            truncate,
+            truncate: false,
             append: flags & libc::O_APPEND != 0,
             create_new: None,
         };
@@ -693,6 +693,20 @@ impl ShardFs {
             self.pass_through_allowed(&info.rel, "a write in place")?;
         }
         let file = self.backing.open_file(&info.rel, how)?;
+        // The file the kernel checked the caller's permission for: someone who may write
+        // the directory could have put another user's file at the path since (then
+        // ESTALE, and the kernel looks it up again). Truncated only once that is known.
+        let meta = file.metadata()?;
+        if self
+            .inodes
+            .source_of(info.ino)
+            .is_some_and(|known| known != (meta.dev(), meta.ino()))
+        {
+            return Err(FsError::Stale);
+        }
+        if truncate {
+            file.set_len(0)?;
+        }
         // Several names, several inodes to the kernel: no page cache kept between opens,
         // or a change through another name would not show.
         let keep_cache = file.metadata()?.nlink() <= 1;
@@ -784,7 +798,7 @@ impl ShardFs {
             return Ok(slice(b));
         }
         let info = self.node(h.ino)?;
-        if let Some(file) = h.backing_file()
+        if let Some(file) = h.file()
             && matches!(info.kind, NodeKind::File)
         {
             return Ok(Bytes::from(read_full_at(file, offset, size)?));
@@ -825,10 +839,8 @@ impl ShardFs {
                     },
                 }
             }
-            NodeKind::File => {
-                let file = self.backing.open(&info.rel)?;
-                Ok(Bytes::from(read_full_at(&file, offset, size)?))
-            }
+            // Never by its path: whatever is there now may be someone else's file.
+            NodeKind::File => Err(FsError::Stale),
             _ => Err(FsError::IsDir),
         }
     }

@@ -200,21 +200,21 @@ impl ShardFs {
 
     /// Writes a whole file to BACKING (atomically; `durable` syncs it and its name), in
     /// the store first when BACKING mirrors one: the store is the truth, and a failure
-    /// there fails the write.
+    /// there fails the write. Returns the file written, open.
     pub(crate) fn write_whole(
         &self,
         rel: &std::path::Path,
         parts: &[bytes::Bytes],
         durable: bool,
         owner: Option<crate::backing::FileOwner>,
-    ) -> Result<(), FsError> {
+    ) -> Result<std::fs::File, FsError> {
         if let Some(store) = &self.published {
             store
                 .put(rel, parts, crate::store::Precondition::None)
                 .map_err(std::io::Error::from)?;
         }
-        self.backing.write_atomic(rel, parts, durable, owner)?;
-        Ok(())
+        let (_, file) = self.backing.write_atomic(rel, parts, durable, owner)?;
+        Ok(file)
     }
 
     /// Whose the file held in memory at `rel` is (`MemFile::maker`), if one is held there.

@@ -364,7 +364,14 @@ impl ShardFs {
 
     /// Puts `file` at a place: into a shard, a temporary name, BACKING, or committed as
     /// metadata. Returns what the name is then.
-    fn put_content(&self, place: &Place, file: Arc<MemFile>) -> Result<NodeKind, FsError> {
+    /// `ino`: the inode whose content it is (a rename), whose open handles go on through
+    /// the BACKING file when that is where it goes.
+    fn put_content(
+        &self,
+        place: &Place,
+        file: Arc<MemFile>,
+        ino: Option<Ino>,
+    ) -> Result<NodeKind, FsError> {
         match place {
             Place::Chunk(array, coords) => {
                 let len = file.len() as i64;
@@ -386,7 +393,11 @@ impl ShardFs {
                 Ok(NodeKind::Temp(file))
             }
             Place::Plain(rel) | Place::Extra(rel) => {
-                self.write_whole(rel, &file.snapshot().data.segments(), false, file.maker())?;
+                let segments = file.snapshot().data.segments();
+                let written = self.write_whole(rel, &segments, false, file.maker())?;
+                if let Some(ino) = ino {
+                    self.handles.went_to(ino, &written);
+                }
                 Ok(NodeKind::File)
             }
             Place::Meta(dir) => {
@@ -814,7 +825,7 @@ impl ShardFs {
                     .get_or_insert_with(|| (array.clone(), coords.clone()));
             });
         }
-        let mut kind = self.put_content(&mv.place, content.clone())?;
+        let mut kind = self.put_content(&mv.place, content.clone(), src_ino)?;
         // A chunk whose content the journal holds is made durable at its new name before
         // its old name's removal is journaled: a crash finds it at one of them. If that
         // fails (a full disk), or the file is still being written, the old name's records
@@ -1015,7 +1026,7 @@ impl ShardFs {
             _ => {
                 let content = self.content_of(&src.kind, &src.rel)?;
                 let copy = Arc::new(MemFile::new(content.snapshot().data, 0o644));
-                self.put_content(&place, copy)?
+                self.put_content(&place, copy, None)?
             }
         };
         if let NodeKind::Chunk { array, coords } = &kind

@@ -19,7 +19,6 @@ use super::handle::Handle;
 use super::inode::{Ino, NodeKind};
 use super::memfile::{MAX_FILE_BYTES, MAX_METADATA_BYTES, MemFile};
 use super::shards::{ChunkData, WriteMode};
-use crate::backing::OpenMode;
 use crate::zarr::{KeyNode, METADATA_FILE};
 
 /// Attribute changes asked for by `setattr`.
@@ -32,6 +31,8 @@ pub struct SetAttr {
     pub atime: Option<SystemTime>,
     pub mtime: Option<SystemTime>,
     pub fh: Option<u64>,
+    /// Who asks (`Backing::change_attrs` checks them against the file found).
+    pub by: crate::backing::Asker,
 }
 
 /// A truncation of what the mount shows translated (a document, a key directory, the
@@ -145,7 +146,7 @@ impl ShardFs {
         let info = self.node(h.ino)?;
         // The data belongs to the inode: a BACKING file renamed into an array (now held in
         // memory) is written there, not to the file the handle opened.
-        if let Some(file) = h.backing_file()
+        if let Some(file) = h.file()
             && matches!(info.kind, NodeKind::File)
         {
             file.write_all_at(data, offset)?;
@@ -156,15 +157,8 @@ impl ShardFs {
             return Err(FsError::NotFound);
         }
         if matches!(info.kind, NodeKind::File) {
-            // A temporary file that went to BACKING while this handle was open.
-            let how = OpenMode {
-                write: true,
-                ..OpenMode::default()
-            };
-            self.backing
-                .open_file(&info.rel, how)?
-                .write_all_at(data, offset)?;
-            return Ok(data.len() as u32);
+            // Never by its path: whatever is there now may be someone else's file.
+            return Err(FsError::Stale);
         }
         check_size(&info.rel, offset.checked_add(data.len() as u64))?;
         let segment = Bytes::copy_from_slice(data);
@@ -249,7 +243,9 @@ impl ShardFs {
                         self.drop_temp_if(&info.rel, f);
                         // The name shows what it held before (a document kept), or nothing.
                         match self.resolve_path(&info.rel) {
-                            Ok(kind) => self.inodes.rekind_file(f, kind),
+                            Ok(kind) => {
+                                self.inodes.rekind_file(f, kind);
+                            }
                             Err(_) => {
                                 self.inodes.detach(info.parent, &info.name, None);
                             }
@@ -368,6 +364,7 @@ impl ShardFs {
             ));
         }
         self.write_whole(rel, &[Bytes::from(bytes)], true, self.held_maker(rel))
+            .map(drop)
     }
 
     /// fsync of a directory: every pending chunk below it is made durable, and so is every
@@ -515,23 +512,30 @@ impl ShardFs {
     }
 
     /// Applies `set` to the BACKING file at `rel` itself: a symbolic link's own times and
-    /// owner, never its target's.
+    /// owner, never its target's. Through the caller's descriptor when it gave one (the
+    /// file it opened); else on the inode at the path, the caller's permission checked
+    /// against that inode (`Backing::change_attrs`: the kernel checked a cached view).
     fn set_backing_attr(&self, rel: &Path, set: &SetAttr) -> Result<(), FsError> {
-        if let Some(size) = set.size {
+        if set.size.is_some() {
             self.pass_through_allowed(rel, "a truncation")?;
-            self.backing.set_len(rel, size)?;
         }
-        // Who may set which mode bits the kernel decides (default_permissions): only the
-        // owner changes the mode, and the set-group-ID bit goes for one not in the group.
-        if let Some(mode) = set.mode {
-            self.backing.chmod(rel, mode & 0o7777)?;
+        let opened = set.fh.and_then(|fh| self.handles.get(fh).ok());
+        let file = opened.as_deref().and_then(|h| match h {
+            Handle::File(f) => f.file().and_then(|f| f.try_clone().ok()),
+            _ => None,
+        });
+        if let Some(file) = file {
+            return set_file_attr(&file, set);
         }
-        if set.uid.is_some() || set.gid.is_some() {
-            self.backing.chown(rel, set.uid, set.gid)?;
-        }
-        if set.atime.is_some() || set.mtime.is_some() {
-            self.backing.set_times(rel, set.atime, set.mtime)?;
-        }
+        let change = crate::backing::AttrChange {
+            size: set.size,
+            mode: set.mode.map(|m| m & 0o7777),
+            uid: set.uid,
+            gid: set.gid,
+            atime: set.atime,
+            mtime: set.mtime,
+        };
+        self.backing.change_attrs(rel, set.by, &change)?;
         Ok(())
     }
 

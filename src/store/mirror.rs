@@ -39,7 +39,9 @@ pub struct Mirrored {
 /// the journal) and filled from the store. The returned file holds the cache for this
 /// mount (an OFD lock): a second mount of the same cache is refused while it is open.
 pub fn prepare(store: &dyn Store, url: &str, cache: &Path) -> io::Result<(Mirrored, File)> {
-    std::fs::create_dir_all(cache)?;
+    // (Modes given: the daemon runs with umask 0.)
+    std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o755)
+        .create(cache)?;
     claim(url, cache)?;
     let held = File::options()
         .read(true)
@@ -90,8 +92,14 @@ fn claim(url: &str, cache: &Path) -> io::Result<()> {
             ),
         ));
     }
-    std::fs::create_dir_all(mark.parent().unwrap_or(cache))?;
-    std::fs::write(&mark, format!("{url}\n"))
+    std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o755)
+        .create(mark.parent().unwrap_or(cache))?;
+    let mut f = std::os::unix::fs::OpenOptionsExt::mode(
+        File::options().write(true).create(true).truncate(true),
+        0o644,
+    )
+    .open(&mark)?;
+    std::io::Write::write_all(&mut f, format!("{url}\n").as_bytes())
 }
 
 fn empty_but_journal(cache: &Path) -> io::Result<()> {

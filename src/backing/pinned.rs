@@ -1,0 +1,123 @@
+//! Attribute changes (chmod, chown, truncate, utimes) of a BACKING file made by path on a
+//! caller's behalf. The kernel checked the caller's permission against the attributes it
+//! had cached; by the time the daemon, often root, acts, someone who may write the
+//! directory could have put another user's file at that path. So the change is made on the
+//! inode found there, held by a descriptor, and only after the caller's permission was
+//! checked again against that very inode.
+
+use std::io;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::time::SystemTime;
+
+use rustix::fs::{AtFlags, Gid, Mode, OFlags, Timestamps, Uid};
+
+use super::{Backing, beneath};
+
+/// The change asked.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AttrChange {
+    pub size: Option<u64>,
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub atime: Option<SystemTime>,
+    pub mtime: Option<SystemTime>,
+}
+
+/// Who asks: a user, their group, and the process (whose other groups count too). The
+/// default is root (the daemon itself).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Asker {
+    pub uid: u32,
+    pub gid: u32,
+    pub pid: u32,
+}
+
+impl Backing {
+    /// Makes `change` to the file at `rel` itself (a symbolic link's own owner and times,
+    /// never its target's), if `asker` may.
+    pub fn change_attrs(&self, rel: &Path, asker: Asker, change: &AttrChange) -> io::Result<()> {
+        let fd = self.open_beneath(rel, OFlags::PATH | OFlags::NOFOLLOW, 0)?;
+        let st = rustix::fs::fstat(&fd)?;
+        allowed(&st, asker, change)?;
+        let is_link = st.st_mode & libc::S_IFMT == libc::S_IFLNK;
+        // The descriptor pins the inode; its /proc name reaches exactly that inode.
+        let pinned = format!("/proc/self/fd/{}", fd.as_raw_fd());
+        if let Some(size) = change.size {
+            if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+                return Err(io::Error::from_raw_os_error(libc::EINVAL));
+            }
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&pinned)?
+                .set_len(size)?;
+        }
+        if let Some(mode) = change.mode {
+            if is_link {
+                return Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
+            }
+            rustix::fs::chmod(pinned.as_str(), Mode::from_raw_mode(mode & 0o7777))?;
+        }
+        if change.uid.is_some() || change.gid.is_some() {
+            let (u, g) = (change.uid.map(Uid::from_raw), change.gid.map(Gid::from_raw));
+            rustix::fs::chownat(&fd, "", u, g, AtFlags::EMPTY_PATH)?;
+        }
+        if change.atime.is_some() || change.mtime.is_some() {
+            let times = Timestamps {
+                last_access: beneath::timespec(change.atime),
+                last_modification: beneath::timespec(change.mtime),
+            };
+            rustix::fs::utimensat(&fd, "", &times, AtFlags::EMPTY_PATH)?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether `asker` may make `change` to the inode `st` describes, by the POSIX rules: the
+/// mode and times (and a change of group, to one of the asker's) are its owner's; the
+/// owner is root's; a truncation needs write permission.
+fn allowed(st: &rustix::fs::Stat, asker: Asker, change: &AttrChange) -> io::Result<()> {
+    if asker.uid == 0 {
+        return Ok(());
+    }
+    let owner = st.st_uid == asker.uid;
+    let denied = |errno| Err(io::Error::from_raw_os_error(errno));
+    if change.uid.is_some_and(|u| u != st.st_uid) {
+        return denied(libc::EPERM);
+    }
+    if !owner && (change.mode.is_some() || change.gid.is_some_and(|g| g != st.st_gid)) {
+        return denied(libc::EPERM);
+    }
+    let times = change.atime.is_some() || change.mtime.is_some();
+    if (change.size.is_some() || (times && !owner)) && !writable(st, asker) {
+        return denied(libc::EACCES);
+    }
+    Ok(())
+}
+
+/// Whether `asker` may write the inode `st` describes.
+fn writable(st: &rustix::fs::Stat, asker: Asker) -> bool {
+    let mode = st.st_mode;
+    if st.st_uid == asker.uid {
+        return mode & 0o200 != 0;
+    }
+    if in_group(st.st_gid, asker) {
+        return mode & 0o020 != 0;
+    }
+    mode & 0o002 != 0
+}
+
+/// Whether `gid` is one of the asker's groups (the request names one; the process tells
+/// the others).
+fn in_group(gid: u32, asker: Asker) -> bool {
+    if gid == asker.gid {
+        return true;
+    }
+    let status = std::fs::read_to_string(format!("/proc/{}/status", asker.pid));
+    status.ok().is_some_and(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("Groups:"))
+            .is_some_and(|g| g.split_whitespace().any(|x| x.parse() == Ok(gid)))
+    })
+}
