@@ -1193,3 +1193,21 @@ fn a_mount_inside_backing_never_waits_on_itself() {
     assert!(!backing.join("a").exists(), "the removed array made again");
     assert_ok(&a.unmount(&[]), "unmount");
 }
+
+/// From the review of the held-directory change (D1): an array whose directory's name
+/// ends in " (deleted)" (what the kernel appends to the path of a removed one) was taken
+/// for removed, and its fsynced chunks were dropped. Only a directory with no name left is
+/// gone.
+#[test]
+fn an_array_named_like_a_removed_one_keeps_its_chunks() {
+    let args = ["--chunks-per-shard", "2", "--idle-flush", "600"];
+    let (_d, backing, _) = dirs();
+    let a = Mounted::new(&backing, &args, LIMIT);
+    array(&a, "x (deleted)", LINE);
+    write_synced(&a.path("x (deleted)/c/0"), &[7; 16]);
+    flush(&a);
+    assert_ok(&a.unmount(&[]), "unmount");
+    let a = Mounted::new(&backing, &args, LIMIT);
+    assert_eq!(fs::read(a.path("x (deleted)/c/0")).unwrap(), vec![7; 16]);
+    assert_ok(&a.unmount(&[]), "unmount");
+}

@@ -6,6 +6,7 @@
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rustix::fs::OFlags;
 
@@ -15,21 +16,40 @@ use super::Backing;
 #[derive(Debug)]
 pub struct HeldDir(OwnedFd);
 
+/// How many directories are held at most: each costs a descriptor for as long as the mount
+/// knows the array (ten thousand arrays once used up every descriptor there was). Past
+/// it, arrays are taken to be where they were.
+const MOST_HELD: usize = 4096;
+static HELD: AtomicUsize = AtomicUsize::new(0);
+
 /// Where a held directory is now.
 #[derive(Debug, PartialEq, Eq)]
 pub enum DirNow {
     /// At this path, relative to BACKING's root.
     At(PathBuf),
-    /// Removed, or moved out of BACKING.
+    /// Removed: no name is left to it.
     Gone,
+    /// Somewhere the daemon cannot name: out of BACKING, past PATH_MAX, or under a mount
+    /// made over its path. Nothing is written for it until it is found again.
+    Unknown,
 }
 
 impl HeldDir {
     /// The directory at `rel` (never through a symbolic link); `None` when it cannot be held
-    /// (not there, or out of descriptors).
+    /// (not there, out of descriptors, or `MOST_HELD` already).
     pub fn open(backing: &Backing, rel: &Path) -> Option<HeldDir> {
+        if HELD.fetch_add(1, Ordering::Relaxed) >= MOST_HELD {
+            HELD.fetch_sub(1, Ordering::Relaxed);
+            return None;
+        }
         let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW;
-        backing.open_beneath(rel, flags, 0).ok().map(HeldDir)
+        match backing.open_beneath(rel, flags, 0) {
+            Ok(fd) => Some(HeldDir(fd)),
+            Err(_) => {
+                HELD.fetch_sub(1, Ordering::Relaxed);
+                None
+            }
+        }
     }
 
     /// The directory's device and inode: the same for two holds of one directory.
@@ -50,19 +70,25 @@ impl HeldDir {
         }
     }
 
-    /// Where it is now.
+    /// Where it is now. Only a directory with no name left is gone; a path the kernel
+    /// gives for it counts only if it leads back to it from BACKING's root.
     pub fn now(&self, backing: &Backing) -> DirNow {
-        let linked = rustix::fs::fstat(&self.0).is_ok_and(|st| st.st_nlink > 0);
+        if rustix::fs::fstat(&self.0).is_ok_and(|st| st.st_nlink == 0) {
+            return DirNow::Gone;
+        }
         let (Some(path), Some(root)) = (fd_path(&self.0), fd_path(&backing.root_fd)) else {
-            return DirNow::Gone;
+            return DirNow::Unknown;
         };
-        if !linked || path.to_string_lossy().ends_with(" (deleted)") {
-            return DirNow::Gone;
-        }
         match path.strip_prefix(&root) {
-            Ok(rel) => DirNow::At(rel.to_path_buf()),
-            Err(_) => DirNow::Gone,
+            Ok(rel) if self.is_at(backing, rel) => DirNow::At(rel.to_path_buf()),
+            _ => DirNow::Unknown,
         }
+    }
+}
+
+impl Drop for HeldDir {
+    fn drop(&mut self) {
+        HELD.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

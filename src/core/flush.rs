@@ -236,6 +236,8 @@ impl ShardFs {
         for ino in self.inodes.rekind_file(file, NodeKind::File) {
             self.handles.went_to(ino, &written);
         }
+        // (A rename that wrote it out gives it to the renamed inode's handles.)
+        file.set_written(written);
         Stats::add(&self.shards.stats.temp_files_persisted, 1);
         info!(file = %rel.display(), "temporary file never renamed: written to BACKING as it is");
         Ok(())

@@ -154,6 +154,9 @@ pub struct MemFile {
     /// Unique for the mount's life: what a journal record's content is known by.
     id: u64,
     state: Mutex<MemState>,
+    /// The BACKING file it was written out as, open: handles on it go on through this
+    /// (`FileHandle::went_to`), never its path.
+    written: std::sync::OnceLock<std::fs::File>,
 }
 
 /// The next `MemFile::id`.
@@ -201,6 +204,7 @@ impl MemFile {
     pub fn new(data: FileData, mode: u32) -> MemFile {
         MemFile {
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            written: std::sync::OnceLock::new(),
             state: Mutex::new(MemState {
                 data,
                 mtime: SystemTime::now(),
@@ -237,6 +241,16 @@ impl MemFile {
                 mode: s.mode & 0o7777,
             })
         })
+    }
+
+    /// It was written out to BACKING as `file`.
+    pub fn set_written(&self, file: std::fs::File) {
+        let _ = self.written.set(file);
+    }
+
+    /// The BACKING file it was written out as, if it was.
+    pub fn written(&self) -> Option<&std::fs::File> {
+        self.written.get()
     }
 
     pub fn id(&self) -> u64 {

@@ -837,6 +837,10 @@ impl ShardFs {
             (NodeKind::Chunk { .. }, Some(ino)) => self.handles.chunk_moved(ino),
             _ => {}
         }
+        // Written out to BACKING at its new name: its open handles go on through that file.
+        if let (NodeKind::File, Some(ino), Some(written)) = (&kind, src_ino, content.written()) {
+            self.handles.went_to(ino, written);
+        }
         Ok(kind)
     }
 

@@ -54,6 +54,9 @@ pub(super) enum Whereabouts {
     At(Arc<ArrayState>),
     /// The array was removed (and perhaps another made at its path).
     Gone,
+    /// The array is somewhere that cannot be named (out of BACKING, under a mount made over
+    /// its path): its chunks stay pending, the write fails, and it is tried again.
+    Lost,
 }
 
 impl ShardRegistry {
@@ -77,6 +80,9 @@ impl ShardRegistry {
                      with it");
                 Whereabouts::Gone
             }
+            // (Its name at the old path, when that still leads to it.)
+            DirNow::Unknown if held.is_at(backing, &array.rel) => Whereabouts::At(array.clone()),
+            DirNow::Unknown => Whereabouts::Lost,
         }
     }
 }

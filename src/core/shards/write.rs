@@ -142,7 +142,26 @@ impl ShardRegistry {
             }
             return Ok(());
         };
-        let (array, result) = match self.whereabouts(backing, &slot.array) {
+        let (array, result) =
+            self.write_where(backing, slot, &taken, mode, journal, finishing, &in_body);
+        self.after_write(slot, &array, &taken, mode, result)
+    }
+
+    /// Writes what was taken where the slot's array is now (`whereabouts`): at its path,
+    /// where it moved to, or nowhere (removed: the chunks go with it; unreachable: they
+    /// stay pending).
+    #[allow(clippy::too_many_arguments)]
+    fn write_where(
+        &self,
+        backing: &Backing,
+        slot: &ShardSlot,
+        taken: &Taken,
+        mode: WriteMode,
+        journal: Option<Arc<Journal>>,
+        finishing: Option<Finishing>,
+        in_body: &BTreeMap<usize, InBody>,
+    ) -> (Arc<ArrayState>, Result<Written, FsError>) {
+        match self.whereabouts(backing, &slot.array) {
             Whereabouts::At(array) => {
                 let moved = !Arc::ptr_eq(&array, &slot.array);
                 let job = ShardJob {
@@ -157,13 +176,23 @@ impl ShardRegistry {
                     cached: taken.cached.as_ref().filter(|_| !moved),
                     mode,
                 };
-                let result = self.run_job(&job, journal.as_deref(), finishing, &in_body);
+                let result = self.run_job(&job, journal.as_deref(), finishing, in_body);
                 // The slot's cached index is of the shard at its own path.
                 let result = result.map(|w| Written {
                     stored: w.stored.filter(|_| !moved),
                     ..w
                 });
                 (array, result)
+            }
+            Whereabouts::Lost => {
+                if let (Some(j), Some(f)) = (&journal, &finishing) {
+                    j.body_abandoned(f);
+                }
+                let lost = std::io::Error::other(
+                    "its array's directory is where this mount cannot reach it (moved out of \
+                     BACKING, or a mount made over its path)",
+                );
+                (slot.array.clone(), Err(FsError::Io(lost)))
             }
             // Nothing to write: what was taken leaves as if written, and its records retire
             // (a replay would drop them, their array being gone).
@@ -178,8 +207,7 @@ impl ShardRegistry {
                 };
                 (slot.array.clone(), Ok(gone))
             }
-        };
-        self.after_write(slot, &array, &taken, mode, result)
+        }
     }
 
     /// Runs `job`, from the shard's body if it has one (`finishing`), and settles the body.
