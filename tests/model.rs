@@ -308,7 +308,11 @@ impl World {
             }
             Op::Patch(key, at) => {
                 let mut c = self.model[&key].current.clone().unwrap();
-                let at = (at % 13) as usize;
+                // Within what the chunk holds now (a layout rewrite may have made it shorter).
+                if c.len() < 4 {
+                    return Ok(());
+                }
+                let at = (at as usize) % (c.len() - 3).min(13);
                 let patch = self.next(key)[..4].to_vec();
                 c[at..at + 4].copy_from_slice(&patch);
                 self.model.get_mut(&key).unwrap().set(Some(c));
