@@ -735,6 +735,10 @@ pub fn unmount(mountpoint: &Path, lazy: bool, give_up: bool) -> Result<(), Daemo
     // Everything pending is written while the mount is still there: when that fails, the
     // mount stays (nothing is lost) and the failures are named.
     let mut given_up = None;
+    // Giving up, no lock another process holds is waited for, from the first flush on.
+    if give_up {
+        control_flush(&control, "give-up").map_err(io_err(&control))?;
+    }
     if let Err(e) = control_flush(&control, "flush") {
         let what = not_written(&control);
         if !give_up {
@@ -745,7 +749,6 @@ pub fn unmount(mountpoint: &Path, lazy: bool, give_up: bool) -> Result<(), Daemo
                  mount to write; the rest is lost)"
             )));
         }
-        control_flush(&control, "give-up").map_err(io_err(&control))?;
         given_up = Some(what);
     }
     // Still the mount it was when asked: a directory on the way that its user moved away

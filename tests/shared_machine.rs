@@ -844,3 +844,51 @@ fn an_open_file_gone_to_backing_is_never_reopened_by_its_path() {
     drop(f);
     common::assert_ok(&m.unmount(&[]), "unmount");
 }
+
+/// From the hostile review of issue 18 (D5): a user holding the key lock of a shard of
+/// theirs made `shardfs unmount --give-up` wait two minutes per lock, twice over. Giving up,
+/// no lock another process holds is waited for.
+#[test]
+fn a_lock_someone_holds_never_keeps_give_up_waiting() {
+    use std::os::fd::AsRawFd;
+    let (_d, backing, _) = dirs();
+    let m = common::mount::Mounted::new(&backing, &["--chunks-per-shard", "4"], LIMIT);
+    fs::create_dir(m.path("a")).unwrap();
+    fs::write(m.path("a/zarr.json"), common::LINE_ARRAY).unwrap();
+    fs::create_dir_all(backing.join("a/c")).unwrap();
+    let lock = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(backing.join("a/c/0.__lock"))
+        .unwrap();
+    // SAFETY: a zeroed flock is valid; the fields set describe the whole file.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as _;
+    fl.l_whence = libc::SEEK_SET as _;
+    // SAFETY: a valid descriptor and an initialised struct.
+    assert_eq!(
+        unsafe { libc::fcntl(lock.as_raw_fd(), libc::F_OFD_SETLK, &fl) },
+        0
+    );
+    fs::create_dir_all(m.path("a/c")).unwrap();
+    fs::write(m.path("a/c/0"), [1u8; 16]).unwrap();
+    let start = Instant::now();
+    let out = run_timeout(
+        Command::new(common::shardfs_bin()).args([
+            "unmount",
+            "--give-up",
+            m.mountpoint.to_str().unwrap(),
+        ]),
+        Duration::from_secs(100),
+    );
+    assert!(!is_mounted(&m.mountpoint), "{out:?}");
+    assert!(
+        start.elapsed() < Duration::from_secs(60),
+        "gave up after {:?}",
+        start.elapsed()
+    );
+    assert!(common::stderr(&out).contains("giving up on"), "{out:?}");
+    drop(lock);
+}

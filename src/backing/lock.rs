@@ -201,6 +201,16 @@ pub fn try_lock(file: &File) -> io::Result<bool> {
 
 /// An exclusive open-file-description lock on the whole file (what tensorstore takes),
 /// waited for in short steps up to `LOCK_WAIT` from `start`.
+/// Set when the mount is giving up (`shardfs unmount --give-up`): a key lock another
+/// process holds is not waited for any more, so that nobody (another user holding locks
+/// on shards of theirs) keeps the mount from ending.
+static NOT_WAITING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// From now on, key locks held by others are not waited for (EBUSY at once).
+pub fn stop_waiting() {
+    NOT_WAITING.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
 fn lock_exclusive(file: &File, start: Instant) -> io::Result<()> {
     let mut step = Duration::from_millis(1);
     loop {
@@ -218,7 +228,7 @@ fn lock_exclusive(file: &File, start: Instant) -> io::Result<()> {
             Some(libc::EAGAIN) | Some(libc::EACCES) | Some(libc::EINTR) => {}
             _ => return Err(e),
         }
-        if start.elapsed() > LOCK_WAIT {
+        if start.elapsed() > LOCK_WAIT || NOT_WAITING.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(io::Error::from_raw_os_error(libc::EBUSY));
         }
         std::thread::sleep(step);

@@ -520,13 +520,15 @@ impl Backing {
     pub fn sync_file_and_dir(&self, rel: &Path) -> io::Result<bool> {
         let (dir, _) = split(rel)?;
         match self.open(rel) {
+            // Only what a sync itself says is a failed sync (which no later sync may undo).
             Ok(f) => f.sync_data()?,
-            // Removed: its removal is made durable, in the nearest directory still there
-            // (empty ones above it may have gone too).
-            Err(e) if is_absent(&e) => {
+            // Removed, or its directory moved away or replaced (another mount): its removal
+            // is made durable, in the nearest directory still there (empty ones above it
+            // may have gone too).
+            Err(e) if is_absent(&e) || is_name_error(&e) => {
                 for d in dir.ancestors() {
                     match self.sync_dir_chain(d) {
-                        Err(e) if is_absent(&e) => continue,
+                        Err(e) if is_absent(&e) || is_name_error(&e) => continue,
                         r => return r.map(|_| false),
                     }
                 }
@@ -534,8 +536,12 @@ impl Backing {
             }
             Err(e) => return Err(e),
         }
-        self.sync_dir_chain(dir)?;
-        Ok(true)
+        match self.sync_dir_chain(dir) {
+            // Its directory moved since the file was found: the move is its mover's to make
+            // durable.
+            Err(e) if is_absent(&e) || is_name_error(&e) => Ok(true),
+            other => other.map(|()| true),
+        }
     }
 
     /// Syncs directory `rel` and every directory above it: a directory made for a new
@@ -566,6 +572,15 @@ pub fn instance_of(meta: &Metadata) -> String {
         Some(born) => format!("{:x}-{:x}", meta.ino(), born.as_nanos()),
         None => String::new(),
     }
+}
+
+/// An error in finding a file by its path (a component replaced by a file or a link, or
+/// a mount crossed), as opposed to one of the file itself.
+pub fn is_name_error(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ENOTDIR | libc::ELOOP | libc::EXDEV)
+    )
 }
 
 pub fn is_absent(e: &io::Error) -> bool {

@@ -1169,6 +1169,7 @@ impl ShardFs {
             warn!("unmount asked to give up on what cannot be written");
             self.giving_up
                 .store(true, std::sync::atomic::Ordering::SeqCst);
+            crate::backing::lock::stop_waiting();
             return Ok(());
         }
         let below = match command.strip_prefix("flush") {
