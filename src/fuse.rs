@@ -88,11 +88,21 @@ fn entry(reply: ReplyEntry, r: Result<Attr, FsError>) {
     }
 }
 
+/// The process that made the request, as BACKING's permission checks know it.
+fn asker(req: &Request) -> crate::backing::Asker {
+    crate::backing::Asker {
+        uid: req.uid(),
+        gid: req.gid(),
+        pid: req.pid(),
+    }
+}
+
 /// The process that made the request, as the core knows callers.
 fn caller(req: &Request) -> Caller {
     Caller {
         uid: req.uid(),
         gid: req.gid(),
+        pid: req.pid(),
     }
 }
 
@@ -302,8 +312,8 @@ impl Filesystem for FuseAdapter {
         reply.ok();
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        match self.run(|| self.core.open(ino.0, flags.0)) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        match self.run(|| self.core.open(ino.0, flags.0, asker(req))) {
             Ok(o) => {
                 let mut fl = opened_flags(&o);
                 // Closing a handle that cannot write needs no FLUSH round trip, which would
@@ -395,11 +405,7 @@ impl Filesystem for FuseAdapter {
             atime: atime.map(time),
             mtime: mtime.map(time),
             fh: fh.map(|f| f.0),
-            by: crate::backing::Asker {
-                uid: req.uid(),
-                gid: req.gid(),
-                pid: req.pid(),
-            },
+            by: asker(req),
         };
         match self.run(|| self.core.setattr(ino.0, &set)) {
             Ok(attr) => reply.attr(&ttl(&attr), &file_attr(&attr)),

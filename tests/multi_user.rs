@@ -262,23 +262,27 @@ fn only_the_callers_umask_counts() {
 fn a_chmod_by_path_never_reaches_a_file_swapped_in() {
     let (_d, backing, m) = shared_mount();
     let home = m.path(&ALICE.to_string());
-    ok(
-        &as_user(ALICE, &home, "echo mine > x && stat x >/dev/null"),
-        "alice",
-    );
+    let made = "echo mine > x && chmod 666 x && stat x >/dev/null && cat x >/dev/null";
+    ok(&as_user(ALICE, &home, made), "alice");
     let victim = backing.join(BOB.to_string()).join("secret");
     fs::write(&victim, b"bob's").unwrap();
     std::os::unix::fs::chown(&victim, Some(BOB), Some(BOB)).unwrap();
     fs::set_permissions(&victim, fs::Permissions::from_mode(0o600)).unwrap();
     let at = backing.join(ALICE.to_string()).join("x");
     fs::rename(&victim, &at).unwrap();
-    // Within the kernel's attribute timeout: it still thinks x is alice's.
-    let _ = as_user(ALICE, &home, "chmod 666 x; truncate -s 0 x");
+    // Within the kernel's attribute timeout it still thinks x is alice's, open to all.
+    // Opens first (a denied chmod makes the kernel look again).
+    let read = as_user(ALICE, &home, "echo PWNED >> x; cat x");
+    let _ = as_user(ALICE, &home, "truncate -s 0 x; chmod 644 x");
     assert_eq!(owner(&at), (BOB, BOB, 0o600), "the victim's mode changed");
     assert_eq!(
         fs::read(&at).unwrap(),
         b"bob's",
-        "the victim's file was cut"
+        "the victim's file was changed"
+    );
+    assert!(
+        !common::stdout(&read).contains("bob"),
+        "the victim's file was read"
     );
     common::assert_ok(&m.unmount(&[]), "unmount");
 }

@@ -98,14 +98,35 @@ fn allowed(st: &rustix::fs::Stat, asker: Asker, change: &AttrChange) -> io::Resu
 
 /// Whether `asker` may write the inode `st` describes.
 fn writable(st: &rustix::fs::Stat, asker: Asker) -> bool {
-    let mode = st.st_mode;
-    if st.st_uid == asker.uid {
-        return mode & 0o200 != 0;
+    permits(st.st_mode, st.st_uid, st.st_gid, asker, 0o2)
+}
+
+/// Whether the permission bits `want` (4 read, 2 write) of the class `asker` falls in are
+/// set, for a file of `mode`, `uid` and `gid`.
+fn permits(mode: u32, uid: u32, gid: u32, asker: Asker, want: u32) -> bool {
+    let class = if uid == asker.uid {
+        (mode >> 6) & 0o7
+    } else if in_group(gid, asker) {
+        (mode >> 3) & 0o7
+    } else {
+        mode & 0o7
+    };
+    class & want == want
+}
+
+/// Whether `asker` may open the file `meta` describes to read and/or write it: checked on
+/// the descriptor the daemon opened by path, as the kernel checked a view it had cached
+/// (someone who may write the directory could have put another user's file at the name).
+pub fn may_open(meta: &std::fs::Metadata, asker: Asker, read: bool, write: bool) -> io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    if asker.uid == 0 {
+        return Ok(());
     }
-    if in_group(st.st_gid, asker) {
-        return mode & 0o020 != 0;
+    let want = if read { 0o4 } else { 0 } | if write { 0o2 } else { 0 };
+    match permits(meta.mode(), meta.uid(), meta.gid(), asker, want) {
+        true => Ok(()),
+        false => Err(io::Error::from_raw_os_error(libc::EACCES)),
     }
-    mode & 0o002 != 0
 }
 
 /// Whether `gid` is one of the asker's groups (the request names one; the process tells

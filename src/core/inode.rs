@@ -198,32 +198,13 @@ impl InodeTable {
         let generation = self.generation.load(Ordering::Relaxed);
         let mut inner = lock(&self.inner);
         let key = (parent, name.to_os_string());
-        let Inner {
-            nodes,
-            by_name,
-            by_source,
-            ..
-        } = &mut *inner;
-        if let Some(&ino) = by_name.get(&key)
-            && let Some(node) = nodes.get_mut(&ino)
+        if let Some(&ino) = inner.by_name.get(&key)
+            && let Some(node) = inner.nodes.get_mut(&ino)
             && node.kind.file_type() == kind.file_type()
         {
             node.kind = kind;
             node.lookups += 1;
             node.generation = generation;
-            // The file at the name may be another one now (replaced outside the mount):
-            // what it is (`source_of`) is what was just seen.
-            if source.is_some() && node.source != source {
-                if let Some(old) = node.source
-                    && by_source.get(&old) == Some(&ino)
-                {
-                    by_source.remove(&old);
-                }
-                node.source = source;
-                if let Some(src) = source {
-                    by_source.entry(src).or_insert(ino);
-                }
-            }
             return ino;
         }
         if let Some(src) = source
@@ -286,11 +267,6 @@ impl InodeTable {
 
     /// Turns every inode that refers to the in-memory `file` into `kind` (the file moved to
     /// BACKING or into a chunk).
-    /// The BACKING file (device, inode) that `ino` was last seen to be, if known.
-    pub fn source_of(&self, ino: Ino) -> Option<(u64, u64)> {
-        lock(&self.inner).nodes.get(&ino).and_then(|n| n.source)
-    }
-
     /// Returns the inodes changed.
     pub fn rekind_file(&self, file: &Arc<MemFile>, kind: NodeKind) -> Vec<Ino> {
         let mut changed = Vec::new();

@@ -596,8 +596,8 @@ impl ShardFs {
         self.inodes.peek(parent, name)
     }
 
-    /// Opens a file. `flags` are the open(2) flags (O_TRUNC included).
-    pub fn open(&self, ino: Ino, flags: i32) -> Result<Opened, FsError> {
+    /// Opens a file for `by`. `flags` are the open(2) flags (O_TRUNC included).
+    pub fn open(&self, ino: Ino, flags: i32, by: crate::backing::Asker) -> Result<Opened, FsError> {
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let _gate = writable.then(|| self.gate.shared());
         let info = self.node(ino)?;
@@ -622,7 +622,7 @@ impl ShardFs {
                 (false, false)
             }
             NodeKind::File => (
-                self.open_backing_file(&info, flags, truncate, &mut handle)?,
+                self.open_backing_file(&info, flags, truncate, &mut handle, by)?,
                 false,
             ),
             NodeKind::ArrayMeta(array) => {
@@ -679,6 +679,7 @@ impl ShardFs {
         flags: i32,
         truncate: bool,
         handle: &mut FileHandle,
+        by: crate::backing::Asker,
     ) -> Result<bool, FsError> {
         let writable = handle.writable;
         let how = OpenMode {
@@ -693,17 +694,11 @@ impl ShardFs {
             self.pass_through_allowed(&info.rel, "a write in place")?;
         }
         let file = self.backing.open_file(&info.rel, how)?;
-        // The file the kernel checked the caller's permission for: someone who may write
-        // the directory could have put another user's file at the path since (then
-        // ESTALE, and the kernel looks it up again). Truncated only once that is known.
+        // The kernel checked the caller's permission against attributes it had cached;
+        // someone who may write the directory could have put another user's file at the
+        // path since. Checked again on what was opened, and truncated only then.
         let meta = file.metadata()?;
-        if self
-            .inodes
-            .source_of(info.ino)
-            .is_some_and(|known| known != (meta.dev(), meta.ino()))
-        {
-            return Err(FsError::Stale);
-        }
+        crate::backing::pinned::may_open(&meta, by, how.read, how.write)?;
         if truncate {
             file.set_len(0)?;
         }

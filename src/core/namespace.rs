@@ -64,6 +64,8 @@ pub(crate) fn new_mode(mode: u32) -> u32 {
 pub struct Caller {
     pub uid: u32,
     pub gid: u32,
+    /// Its process (whose other groups count in permission checks).
+    pub pid: u32,
 }
 
 impl Caller {
@@ -72,6 +74,16 @@ impl Caller {
         Caller {
             uid: rustix::process::geteuid().as_raw(),
             gid: rustix::process::getegid().as_raw(),
+            pid: std::process::id(),
+        }
+    }
+
+    /// As BACKING's permission checks know it.
+    pub fn asker(self) -> crate::backing::Asker {
+        crate::backing::Asker {
+            uid: self.uid,
+            gid: self.gid,
+            pid: self.pid,
         }
     }
 }
@@ -195,7 +207,7 @@ impl ShardFs {
             drop(_shared);
             drop(_gate);
             let attr = self.lookup(parent, name)?;
-            let opened = self.open(attr.ino, flags)?;
+            let opened = self.open(attr.ino, flags, caller.asker())?;
             return Ok((attr, opened));
         }
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
