@@ -16,7 +16,11 @@ use shardfs::shard::{
 };
 use shardfs::zarr::{ChunkKeyEncoding, ChunksPerShard, Separator, ShardPolicy};
 
-const ROOT_CALLER: Caller = Caller { uid: 0, gid: 0 };
+const ROOT_CALLER: Caller = Caller {
+    uid: 0,
+    gid: 0,
+    pid: 0,
+};
 
 fn format(cps: u64) -> IndexFormat {
     IndexFormat {

@@ -30,7 +30,7 @@ fn walk(fs: &ShardFs, path: &str) -> Result<Ino, FsError> {
 }
 
 fn read_all(fs: &ShardFs, ino: Ino) -> Vec<u8> {
-    let opened = fs.open(ino, libc::O_RDONLY).unwrap();
+    let opened = fs.open(ino, libc::O_RDONLY, Default::default()).unwrap();
     let mut out = Vec::new();
     loop {
         let part = fs.read(opened.fh, out.len() as u64, 1000).unwrap();
@@ -161,7 +161,9 @@ fn inodes_are_reused_while_held_and_metadata_is_translated() {
     // Reading a directory is EISDIR; an unknown handle is EBADF.
     let c = walk(&fs, "zp_1d_end_zstd_default/c").unwrap();
     assert_eq!(
-        fs.open(c, libc::O_RDONLY).unwrap_err().to_errno(),
+        fs.open(c, libc::O_RDONLY, Default::default())
+            .unwrap_err()
+            .to_errno(),
         libc::EISDIR
     );
     assert_eq!(fs.read(9999, 0, 10).unwrap_err().to_errno(), libc::EBADF);
@@ -178,7 +180,7 @@ fn a_damaged_shard_is_eio_for_its_chunks_only() {
     let fs = core_over(dir.path());
     for (key, info) in manifest[0]["chunk_files"].as_object().unwrap() {
         let ino = walk(&fs, &format!("zp_1d_end_zstd_default/{key}")).unwrap();
-        let opened = fs.open(ino, libc::O_RDONLY);
+        let opened = fs.open(ino, libc::O_RDONLY, Default::default());
         if info["shard"] == "c/1" {
             assert_eq!(opened.unwrap_err().to_errno(), libc::EIO, "{key}");
         } else {
