@@ -386,21 +386,7 @@ fn a_journal_directory_another_user_may_write_is_refused() {
             None => std::os::unix::fs::chown(&dir, Some(65534), Some(65534)).unwrap(),
             Some(m) => fs::set_permissions(&dir, fs::Permissions::from_mode(m)).unwrap(),
         }
-        let mnt = d.path().join("mnt");
-        fs::create_dir(&mnt).unwrap();
-        let out = run_timeout(
-            Command::new(common::shardfs_bin()).args([
-                "mount",
-                backing.to_str().unwrap(),
-                mnt.to_str().unwrap(),
-                "--log-file",
-                d.path().join("log").to_str().unwrap(),
-            ]),
-            LIMIT,
-        );
-        if is_mounted(&mnt) {
-            let _ = common::shardfs(&["unmount", mnt.to_str().unwrap()]);
-        }
+        let (out, _) = try_mount(d.path(), &backing);
         let err = common::stderr(&out);
         assert!(!out.status.success(), "mounted over {mode:?}");
         assert!(
@@ -571,22 +557,7 @@ fn a_backing_root_others_may_write_is_refused_unless_sticky() {
     for (mode, refused) in [(0o777, true), (0o775, true), (0o1777, false)] {
         let (d, backing, _) = dirs();
         fs::set_permissions(&backing, fs::Permissions::from_mode(mode)).unwrap();
-        let mnt = d.path().join("mnt");
-        fs::create_dir(&mnt).unwrap();
-        let out = run_timeout(
-            Command::new(common::shardfs_bin()).args([
-                "mount",
-                backing.to_str().unwrap(),
-                mnt.to_str().unwrap(),
-                "--log-file",
-                d.path().join("log").to_str().unwrap(),
-            ]),
-            LIMIT,
-        );
-        let mounted = is_mounted(&mnt);
-        if mounted {
-            let _ = common::shardfs(&["unmount", mnt.to_str().unwrap()]);
-        }
+        let (out, mounted) = try_mount(d.path(), &backing);
         let err = common::stderr(&out);
         assert_eq!(mounted, !refused, "mode {mode:o}: {err}");
         if refused {
@@ -891,4 +862,26 @@ fn a_lock_someone_holds_never_keeps_give_up_waiting() {
     );
     assert!(common::stderr(&out).contains("giving up on"), "{out:?}");
     drop(lock);
+}
+
+/// `shardfs mount BACKING d/mnt` (its log in `d`), unmounted again if it mounted. Returns
+/// its output and whether it mounted.
+fn try_mount(d: &Path, backing: &Path) -> (std::process::Output, bool) {
+    let mnt = d.join("mnt");
+    fs::create_dir_all(&mnt).unwrap();
+    let out = run_timeout(
+        Command::new(common::shardfs_bin()).args([
+            "mount",
+            backing.to_str().unwrap(),
+            mnt.to_str().unwrap(),
+            "--log-file",
+            d.join("log").to_str().unwrap(),
+        ]),
+        LIMIT,
+    );
+    let mounted = is_mounted(&mnt);
+    if mounted {
+        let _ = common::shardfs(&["unmount", mnt.to_str().unwrap()]);
+    }
+    (out, mounted)
 }
