@@ -1211,3 +1211,27 @@ fn an_array_named_like_a_removed_one_keeps_its_chunks() {
     assert_eq!(fs::read(a.path("x (deleted)/c/0")).unwrap(), vec![7; 16]);
     assert_ok(&a.unmount(&[]), "unmount");
 }
+
+/// From the last review of the held-directory change: a shard written but not yet synced,
+/// its array then moved and a directory made at the shard's old path, had the sync of
+/// that path fail (EINVAL: not a file) and taken for a failed writeback: every later
+/// fsync of the mount failed. Something else at the path is not a failed sync.
+#[test]
+fn a_directory_where_a_shard_was_never_poisons_fsync() {
+    let args = ["--chunks-per-shard", "4", "--idle-flush", "600"];
+    let (_d, backing, _) = dirs();
+    let a = Mounted::new(&backing, &args, LIMIT);
+    let arr = array(&a, "a", LINE);
+    fs::create_dir_all(arr.join("c")).unwrap();
+    for k in 0..4u8 {
+        fs::write(arr.join(format!("c/{k}")), [k + 1; 16]).unwrap();
+    }
+    fs::rename(backing.join("a"), backing.join("b")).unwrap();
+    fs::create_dir_all(backing.join("a/c/0")).unwrap();
+    let _ = shardfs_timeout(&["flush", a.mountpoint.to_str().unwrap()], LIMIT);
+    array(&a, "z", LINE);
+    write_synced(&a.path("z/c/0"), &[9; 16]);
+    assert_eq!(fs::read(a.path("b/c/2")).unwrap(), vec![3; 16]);
+    fs::remove_dir_all(backing.join("a")).unwrap();
+    assert_ok(&a.unmount(&[]), "unmount");
+}

@@ -522,10 +522,11 @@ impl Backing {
         match self.open(rel) {
             // Only what a sync itself says is a failed sync (which no later sync may undo).
             Ok(f) => f.sync_data()?,
-            // Removed, or its directory moved away or replaced (another mount): its removal
-            // is made durable, in the nearest directory still there (empty ones above it
-            // may have gone too).
-            Err(e) if is_absent(&e) || is_name_error(&e) => {
+            // Removed, or its directory moved away or replaced (another mount), or something
+            // else than a file at its path now (EINVAL, ENXIO: a directory, a FIFO, a
+            // socket): its removal is made durable, in the nearest directory still there
+            // (empty ones above it may have gone too).
+            Err(e) if is_absent(&e) || is_name_error(&e) || not_a_file(&e) => {
                 for d in dir.ancestors() {
                     match self.sync_dir_chain(d) {
                         Err(e) if is_absent(&e) || is_name_error(&e) => continue,
@@ -580,6 +581,14 @@ pub fn is_name_error(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
         Some(libc::ENOTDIR | libc::ELOOP | libc::EXDEV)
+    )
+}
+
+/// The error of opening something that is not a regular file as one.
+fn not_a_file(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EINVAL | libc::ENXIO | libc::EISDIR)
     )
 }
 

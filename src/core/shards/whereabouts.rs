@@ -64,8 +64,18 @@ impl ShardRegistry {
     /// `readlink`). Without a held directory (an object store's mirror, or no descriptor
     /// to spare) the array is taken to be where it was.
     pub(super) fn whereabouts(&self, backing: &Backing, array: &Arc<ArrayState>) -> Whereabouts {
-        let Some(held) = array.dir.as_ref().filter(|_| self.store_is_backing) else {
+        if !self.store_is_backing {
             return Whereabouts::At(array.clone());
+        }
+        let Some(held) = array.dir.as_ref() else {
+            // Not held (past `MOST_HELD`): another directory at its path, by inode and birth
+            // time, means the array is not there; where it is cannot be told, so its chunks
+            // wait (a replay of their records follows it, or drops them).
+            let now = backing.dir_instance(&array.rel);
+            return match array.instance.is_empty() || now == array.instance {
+                true => Whereabouts::At(array.clone()),
+                false => Whereabouts::Lost,
+            };
         };
         match held.now(backing) {
             DirNow::At(rel) if rel == array.rel => Whereabouts::At(array.clone()),
