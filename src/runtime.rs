@@ -167,8 +167,15 @@ mod tests {
                 ])
                 .spawn()
                 .unwrap();
-            std::thread::sleep(std::time::Duration::from_millis(200));
             let pid = other.id();
+            // Until setpriv has switched users (under load, more than a moment).
+            let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+            for _ in 0..500 {
+                if fs::symlink_metadata(&proc_dir).is_ok_and(|m| m.uid() == 4321) {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
             assert!(!is_our_status_file(&dir.join(format!("{pid}.status")), pid));
             let _ = other.kill();
             let _ = other.wait();

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
 
 use bytes::Bytes;
-use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags, Timestamps};
+use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags};
 
 pub mod held;
 pub mod owner;
@@ -352,27 +352,6 @@ impl Backing {
         Ok(())
     }
 
-    /// Truncates or extends a regular file.
-    pub fn set_len(&self, rel: &Path, size: u64) -> io::Result<()> {
-        let how = OpenMode {
-            write: true,
-            ..OpenMode::default()
-        };
-        self.open_file(rel, how)?.set_len(size)
-    }
-
-    /// chmod of `rel` itself. Linux gives symbolic links no mode of their own.
-    pub fn chmod(&self, rel: &Path, mode: u32) -> io::Result<()> {
-        let fd = self.open_beneath(rel, OFlags::PATH | OFlags::NOFOLLOW, 0)?;
-        if File::from(fd.try_clone()?).metadata()?.is_symlink() {
-            return Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
-        }
-        // The descriptor pins the inode; its /proc name reaches exactly that inode.
-        let pinned = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
-        rustix::fs::chmod(pinned.as_str(), Mode::from_raw_mode(mode))?;
-        Ok(())
-    }
-
     /// Gives what was just made at `rel` (a directory, link or special file of type `ty`,
     /// an `S_IFMT` value) to `uid`/`gid`, on a descriptor of the inode found there, and
     /// only if it is of that type: someone who may write the directory could have put a
@@ -394,39 +373,6 @@ impl Backing {
         let g = gid.map(rustix::fs::Gid::from_raw);
         rustix::fs::chownat(&fd, "", u, g, AtFlags::EMPTY_PATH)?;
         Ok(())
-    }
-
-    /// chown of `rel` itself (a symbolic link's own owner).
-    pub fn chown(&self, rel: &Path, uid: Option<u32>, gid: Option<u32>) -> io::Result<()> {
-        let (dir, name) = self.parent_or_root(rel)?;
-        let u = uid.map(rustix::fs::Uid::from_raw);
-        let g = gid.map(rustix::fs::Gid::from_raw);
-        rustix::fs::chownat(&dir, name.as_os_str(), u, g, AtFlags::SYMLINK_NOFOLLOW)?;
-        Ok(())
-    }
-
-    /// Sets the times of `rel` itself (a symbolic link's own times, never its target's).
-    pub fn set_times(
-        &self,
-        rel: &Path,
-        atime: Option<SystemTime>,
-        mtime: Option<SystemTime>,
-    ) -> io::Result<()> {
-        let (dir, name) = self.parent_or_root(rel)?;
-        let times = Timestamps {
-            last_access: beneath::timespec(atime),
-            last_modification: beneath::timespec(mtime),
-        };
-        rustix::fs::utimensat(&dir, name.as_os_str(), &times, AtFlags::SYMLINK_NOFOLLOW)?;
-        Ok(())
-    }
-
-    /// The parent and name of `rel`; for the root itself, the root and ".".
-    fn parent_or_root(&self, rel: &Path) -> io::Result<(OwnedFd, OsString)> {
-        if rel.as_os_str().is_empty() {
-            return Ok((self.dir(rel)?, OsString::from(".")));
-        }
-        self.parent(rel)
     }
 
     /// Replaces the file at `rel` with `buffers`, atomically: one vectored write (looped
