@@ -15,6 +15,7 @@ use fuser::{
 };
 use tracing::debug;
 
+use crate::backing::AttrChange;
 use crate::core::namespace::{Caller, RenameFlags as CoreRenameFlags};
 use crate::core::write::SetAttr;
 use crate::core::{Attr, FileType, FsError, Opened, ShardFs};
@@ -397,13 +398,16 @@ impl Filesystem for FuseAdapter {
         _flags: Option<BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let set = SetAttr {
+        let change = AttrChange {
             size,
             mode,
             uid,
             gid,
             atime: atime.map(time),
             mtime: mtime.map(time),
+        };
+        let set = SetAttr {
+            change,
             fh: fh.map(|f| f.0),
             by: asker(req),
         };

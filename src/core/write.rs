@@ -7,7 +7,6 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::SystemTime;
 
 use bytes::Bytes;
 
@@ -19,17 +18,13 @@ use super::handle::Handle;
 use super::inode::{Ino, NodeKind};
 use super::memfile::{MAX_FILE_BYTES, MAX_METADATA_BYTES, MemFile};
 use super::shards::{ChunkData, WriteMode};
+use crate::backing::AttrChange;
 use crate::zarr::{KeyNode, METADATA_FILE};
 
 /// Attribute changes asked for by `setattr`.
 #[derive(Clone, Debug, Default)]
 pub struct SetAttr {
-    pub size: Option<u64>,
-    pub mode: Option<u32>,
-    pub uid: Option<u32>,
-    pub gid: Option<u32>,
-    pub atime: Option<SystemTime>,
-    pub mtime: Option<SystemTime>,
+    pub change: AttrChange,
     pub fh: Option<u64>,
     /// Who asks (`Backing::change_attrs` checks them against the file found).
     pub by: crate::backing::Asker,
@@ -38,7 +33,7 @@ pub struct SetAttr {
 /// A truncation of what the mount shows translated (a document, a key directory, the
 /// control file) is refused: it has no content of its own to cut.
 fn refuse_truncation(rel: &Path, set: &SetAttr) -> Result<(), FsError> {
-    match set.size {
+    match set.change.size {
         Some(_) => Err(FsError::refused(
             rel,
             Rule::TruncateTranslated,
@@ -50,25 +45,25 @@ fn refuse_truncation(rel: &Path, set: &SetAttr) -> Result<(), FsError> {
 
 /// Applies `set` to an open BACKING file.
 fn set_file_attr(file: &std::fs::File, set: &SetAttr) -> Result<(), FsError> {
-    if let Some(size) = set.size {
+    if let Some(size) = set.change.size {
         file.set_len(size)?;
     }
-    if let Some(mode) = set.mode {
+    if let Some(mode) = set.change.mode {
         let mode = mode & 0o7777;
         rustix::fs::fchmod(file, rustix::fs::Mode::from_raw_mode(mode))
             .map_err(std::io::Error::from)?;
     }
-    if set.uid.is_some() || set.gid.is_some() {
-        let uid = set.uid.map(rustix::fs::Uid::from_raw);
-        let gid = set.gid.map(rustix::fs::Gid::from_raw);
+    if set.change.uid.is_some() || set.change.gid.is_some() {
+        let uid = set.change.uid.map(rustix::fs::Uid::from_raw);
+        let gid = set.change.gid.map(rustix::fs::Gid::from_raw);
         rustix::fs::fchown(file, uid, gid).map_err(std::io::Error::from)?;
     }
-    if set.atime.is_some() || set.mtime.is_some() {
+    if set.change.atime.is_some() || set.change.mtime.is_some() {
         let mut times = std::fs::FileTimes::new();
-        if let Some(t) = set.atime {
+        if let Some(t) = set.change.atime {
             times = times.set_accessed(t);
         }
-        if let Some(t) = set.mtime {
+        if let Some(t) = set.change.mtime {
             times = times.set_modified(t);
         }
         file.set_times(times)?;
@@ -421,7 +416,8 @@ impl ShardFs {
             // A translated document is BACKING's file, shown with another content.
             NodeKind::ArrayMeta(_) | NodeKind::GroupMeta(_) => {
                 refuse_truncation(&info.rel, set)?;
-                if set.mode.is_some() || set.uid.is_some() || set.gid.is_some() {
+                if set.change.mode.is_some() || set.change.uid.is_some() || set.change.gid.is_some()
+                {
                     self.pass_through_allowed(&info.rel, "a change of owner or mode")?;
                 }
                 self.set_backing_attr(&info.rel, set)?;
@@ -446,14 +442,17 @@ impl ShardFs {
     /// up setting.
     fn same_owner(&self, ino: Ino, rel: &Path, set: &SetAttr, rule: Rule) -> Result<(), FsError> {
         let now = self.getattr(ino)?;
-        let narrows = set.mode.is_some_and(|m| now.perm as u32 & !m & 0o777 != 0);
+        let narrows = set
+            .change
+            .mode
+            .is_some_and(|m| now.perm as u32 & !m & 0o777 != 0);
         if narrows {
             return Err(FsError::refused(
                 rel,
                 rule,
                 format!(
                     "a chmod to {:o} that would take permissions away from {:o}",
-                    set.mode.unwrap_or(0) & 0o7777,
+                    set.change.mode.unwrap_or(0) & 0o7777,
                     now.perm
                 ),
             ));
@@ -464,7 +463,7 @@ impl ShardFs {
     /// Applies `set` to a file held in memory (a chunk or a temporary file): its size, and
     /// the permissions and times it reports.
     fn set_held_attr(&self, info: &crate::core::NodeInfo, set: &SetAttr) -> Result<(), FsError> {
-        if let Some(size) = set.size {
+        if let Some(size) = set.change.size {
             check_size(&info.rel, Some(size))?;
             if size == 0
                 && let NodeKind::Chunk { array, coords } = &info.kind
@@ -497,13 +496,13 @@ impl ShardFs {
                 // A file's owner and mode go with it to BACKING (`MemFile::maker`); a
                 // chunk's are its array's and stay (checked by `same_owner`).
                 if let Some((uid, gid)) = s.owner.as_mut() {
-                    if let Some(mode) = set.mode {
+                    if let Some(mode) = set.change.mode {
                         s.mode = mode & 0o7777;
                     }
-                    *uid = set.uid.unwrap_or(*uid);
-                    *gid = set.gid.unwrap_or(*gid);
+                    *uid = set.change.uid.unwrap_or(*uid);
+                    *gid = set.change.gid.unwrap_or(*gid);
                 }
-                if let Some(t) = set.mtime {
+                if let Some(t) = set.change.mtime {
                     s.mtime = t;
                 }
             });
@@ -516,7 +515,7 @@ impl ShardFs {
     /// file it opened); else on the inode at the path, the caller's permission checked
     /// against that inode (`Backing::change_attrs`: the kernel checked a cached view).
     fn set_backing_attr(&self, rel: &Path, set: &SetAttr) -> Result<(), FsError> {
-        if set.size.is_some() {
+        if set.change.size.is_some() {
             self.pass_through_allowed(rel, "a truncation")?;
         }
         let opened = set.fh.and_then(|fh| self.handles.get(fh).ok());
@@ -527,13 +526,9 @@ impl ShardFs {
         if let Some(file) = file {
             return set_file_attr(&file, set);
         }
-        let change = crate::backing::AttrChange {
-            size: set.size,
-            mode: set.mode.map(|m| m & 0o7777),
-            uid: set.uid,
-            gid: set.gid,
-            atime: set.atime,
-            mtime: set.mtime,
+        let change = AttrChange {
+            mode: set.change.mode.map(|m| m & 0o7777),
+            ..set.change
         };
         self.backing.change_attrs(rel, set.by, &change)?;
         Ok(())
