@@ -403,6 +403,10 @@ impl Filesystem for FuseAdapter {
             mode,
             uid,
             gid,
+            times_now: [atime, mtime]
+                .iter()
+                .flatten()
+                .all(|t| matches!(t, TimeOrNow::Now)),
             atime: atime.map(time),
             mtime: mtime.map(time),
         };
@@ -462,7 +466,7 @@ impl Filesystem for FuseAdapter {
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -479,7 +483,7 @@ impl Filesystem for FuseAdapter {
         };
         match self.run(|| {
             self.core
-                .rename(parent.0, name, newparent.0, newname, flags)
+                .rename(parent.0, name, newparent.0, newname, flags, caller(req))
         }) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
@@ -488,13 +492,13 @@ impl Filesystem for FuseAdapter {
 
     fn link(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         newparent: INodeNo,
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        let linked = self.run(|| self.core.link(ino.0, newparent.0, newname));
+        let linked = self.run(|| self.core.link(ino.0, newparent.0, newname, caller(req)));
         // The file now has two names, which are two inodes to the kernel: what it cached
         // for the first (a link count of one, its size) must go.
         if linked.is_ok() {

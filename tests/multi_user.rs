@@ -286,3 +286,270 @@ fn a_chmod_by_path_never_reaches_a_file_swapped_in() {
     );
     common::assert_ok(&m.unmount(&[]), "unmount");
 }
+
+/// A BACKING file of `uid` with `mode` and `content`, at `path`.
+fn plant(path: &Path, uid: u32, gid: u32, mode: u32, content: &[u8]) {
+    fs::write(path, content).unwrap();
+    std::os::unix::fs::chown(path, Some(uid), Some(gid)).unwrap();
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// Alice makes `x` in her home and the kernel caches it (hers, `mode`); then another
+/// file of (`uid`, `gid`, `mode`) is put at the name behind the mount's back. Returns its
+/// BACKING path.
+fn swap_in(backing: &Path, home: &Path, uid: u32, gid: u32, mode: u32) -> std::path::PathBuf {
+    swap_in_at("x", backing, home, (uid, gid, mode))
+}
+
+fn swap_in_at(
+    name: &str,
+    backing: &Path,
+    home: &Path,
+    (uid, gid, mode): (u32, u32, u32),
+) -> std::path::PathBuf {
+    let made = format!("echo mine > {name} && chmod {mode:o} {name} && stat {name} >/dev/null");
+    ok(&as_user(ALICE, home, &made), "alice makes x");
+    let other = backing.join(BOB.to_string()).join("other");
+    plant(&other, uid, gid, mode, b"bob's");
+    let at = backing.join(ALICE.to_string()).join(name);
+    fs::rename(&other, &at).unwrap();
+    at
+}
+
+/// From the hostile review of the by-path fixes (F1): a chmod by path re-checked only the
+/// owner of the file swapped in, and kept a set-group-ID bit for a group its asker is
+/// not in (a program that runs with another group's rights).
+#[test]
+fn a_chmod_never_keeps_set_group_id_for_a_group_not_the_askers() {
+    let (_d, backing, m) = shared_mount();
+    let home = m.path(&ALICE.to_string());
+    // Alice's own file, in a group she is not in (moved from a set-group-ID directory).
+    let at = swap_in(&backing, &home, ALICE, 3000, 0o755);
+    let _ = as_user(ALICE, &home, "chmod 2755 x");
+    assert_eq!(owner(&at), (ALICE, 3000, 0o755), "set-group-ID kept");
+    // Her own group's bit is hers to set.
+    let at = swap_in_at("y", &backing, &home, (ALICE, ALICE, 0o755));
+    ok(&as_user(ALICE, &home, "chmod 2755 y"), "chmod 2755");
+    assert_eq!(owner(&at), (ALICE, ALICE, 0o2755));
+    common::assert_ok(&m.unmount(&[]), "unmount");
+}
+
+/// F1 too: a time other than "now" is the owner's to set, even on a file others may
+/// write (touch -d on another user's file swapped in).
+#[test]
+fn only_the_owner_sets_a_time_other_than_now() {
+    let (_d, backing, m) = shared_mount();
+    let home = m.path(&ALICE.to_string());
+    let at = swap_in(&backing, &home, BOB, BOB, 0o666);
+    let _ = as_user(ALICE, &home, "touch -m -d 2000-01-01 x");
+    let year = |p: &Path| fs::metadata(p).unwrap().mtime() / (365 * 86400) + 1970;
+    assert!(year(&at) > 2020, "alice set bob's file's time");
+    ok(&as_user(ALICE, &home, "touch -m x"), "touch (now)");
+    common::assert_ok(&m.unmount(&[]), "unmount");
+}
+
+/// F2: a file moved into an array becomes a chunk, with the array's owner and mode:
+/// moving another user's 0600 file there (from a directory the mover may write) made its
+/// content readable to them. Whoever could not read it may not move it there.
+#[test]
+fn a_file_its_mover_cannot_read_never_becomes_a_chunk() {
+    let (_d, backing, m) = shared_mount();
+    let home = m.path(&ALICE.to_string());
+    let secret = backing.join(ALICE.to_string()).join("secret");
+    plant(&secret, BOB, BOB, 0o600, b"bob's secret");
+    let script = format!(
+        "mkdir a && printf '%s' '{}' > a/zarr.json && mkdir a/c && mv secret a/c/0",
+        common::LINE_ARRAY.replace('\n', "")
+    );
+    let moved = as_user(ALICE, &home, &script);
+    assert!(!moved.status.success(), "the move was made: {moved:?}");
+    assert_eq!(owner(&secret), (BOB, BOB, 0o600), "the file left");
+    let read = as_user(ALICE, &home, "cat a/c/0");
+    assert!(!common::stdout(&read).contains("bob"), "{read:?}");
+    // A file its mover may read moves in as a chunk.
+    plant(&secret, BOB, BOB, 0o644, &[1; 16]);
+    ok(
+        &as_user(ALICE, &home, "mv secret a/c/1"),
+        "readable file moves",
+    );
+    assert_eq!(fs::read(home.join("a/c/1")).unwrap(), vec![1; 16]);
+    common::assert_ok(&m.unmount(&[]), "unmount");
+}
+
+/// F3 and F4: a `zarr.json` that is no array's, opened to write in place, was read by
+/// path with no check (another user's file swapped in was readable), and written back as
+/// whoever's file was at the name when it closed.
+#[test]
+fn a_zarr_json_written_in_place_is_checked_and_keeps_its_owner() {
+    let (_d, backing, m) = shared_mount();
+    let home = m.path(&ALICE.to_string());
+    let g = backing.join(ALICE.to_string()).join("g");
+    ok(
+        &as_user(
+            ALICE,
+            &home,
+            "mkdir g && echo '{}' > g/zarr.json && chmod 666 g/zarr.json",
+        ),
+        "alice makes g",
+    );
+    ok(
+        &as_user(ALICE, &home, "stat g/zarr.json >/dev/null"),
+        "stat",
+    );
+    plant(&g.join("zarr.json"), BOB, BOB, 0o600, b"bob's secret");
+    let read = as_user(ALICE, &home, "cat 0<>g/zarr.json");
+    assert!(!common::stdout(&read).contains("bob"), "{read:?}");
+    assert!(!read.status.success(), "opened: {read:?}");
+
+    // Alice's own, open while bob's file is put at the name: written back as hers.
+    let g = backing.join(ALICE.to_string()).join("h");
+    ok(
+        &as_user(
+            ALICE,
+            &home,
+            "mkdir h && echo '{}' > h/zarr.json && chmod 640 h/zarr.json",
+        ),
+        "again",
+    );
+    let mut writer = Command::new("setpriv")
+        .args([&format!("--reuid={ALICE}"), &format!("--regid={ALICE}")])
+        .args(["--clear-groups", "--", "/usr/bin/python3", "-c"])
+        // (One descriptor, no dup: its only FLUSH is the close, after the swap.)
+        .arg(
+            "import os, time\n\
+             fd = os.open('h/zarr.json', os.O_RDWR)\n\
+             os.write(fd, b'{\"a\": 1}\\n')\n\
+             time.sleep(2)\n\
+             os.close(fd)",
+        )
+        .current_dir(&home)
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+    let other = backing.join(BOB.to_string()).join("other");
+    plant(&other, BOB, BOB, 0o600, b"bob's");
+    fs::rename(&other, g.join("zarr.json")).unwrap();
+    assert!(writer.wait().unwrap().success());
+    ok(
+        &common::shardfs(&["flush", m.mountpoint.to_str().unwrap()]),
+        "flush",
+    );
+    let log = m.log_text();
+    assert_eq!(
+        (
+            owner(&g.join("zarr.json")),
+            fs::read(g.join("zarr.json")).unwrap()
+        ),
+        ((ALICE, ALICE, 0o640), b"{\"a\": 1}\n".to_vec()),
+        "{log}"
+    );
+    common::assert_ok(&m.unmount(&[]), "unmount");
+}
+
+/// F5: a chunk fsynced is written into its shard from the journal's body: that shard was
+/// root's, 0644, whatever its array's owner and mode.
+#[test]
+fn a_shard_made_from_the_journal_is_its_arrays_owners() {
+    let (_d, backing, m) = shared_mount();
+    let home = m.path(&ALICE.to_string());
+    let script = format!(
+        "umask 077 && mkdir a && printf '%s' '{}' > a/zarr.json && mkdir a/c && \
+         dd if=/dev/zero of=a/c/3 bs=16 count=1 conv=fsync 2>/dev/null",
+        common::LINE_ARRAY.replace('\n', "")
+    );
+    ok(&as_user(ALICE, &home, &script), "alice writes and fsyncs");
+    ok(
+        &common::shardfs(&["flush", m.mountpoint.to_str().unwrap()]),
+        "flush",
+    );
+    let shard = backing.join(ALICE.to_string()).join("a/c/0");
+    assert_eq!(owner(&shard), (ALICE, ALICE, 0o600));
+    assert_eq!(owner(shard.parent().unwrap().parent().unwrap()).0, ALICE);
+    common::assert_ok(&m.unmount(&[]), "unmount");
+}
+
+/// F6: temporary names were `.NAME.shardfs-PID-N` with N counting from 0: another user
+/// who made those names first (in a directory both may write) kept a file from ever being
+/// written, and the mount from unmounting. Now they are random.
+#[test]
+fn temporary_names_cannot_be_taken_first() {
+    let (d, backing, _) = dirs();
+    fs::set_permissions(d.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    fs::set_permissions(&backing, fs::Permissions::from_mode(0o1777)).unwrap();
+    let args = ["--allow-other", "--max-pending-memory", "1M"];
+    let m = Mounted::new(&backing, &args, LIMIT);
+    let array = format!(
+        "mkdir -m 1777 shared && printf '%s' '{}' > shared/zarr.json",
+        common::LINE_ARRAY.replace('\n', "")
+    );
+    ok(
+        &as_user(ALICE, &m.mountpoint, &array),
+        "alice makes the array",
+    );
+    // In BACKING, where the daemon makes its temporary files.
+    let squat = format!(
+        "for n in $(seq 0 499); do touch .v.tmp.shardfs-{pid}-$n \
+         .v.tmp.shardfs-{pid}-$(printf %016x $n); done",
+        pid = m.pid
+    );
+    ok(
+        &as_user(ALICE, &backing.join("shared"), &squat),
+        "alice squats",
+    );
+    ok(
+        &as_user(BOB, &m.path("shared"), "echo bobs > v.tmp"),
+        "bob writes",
+    );
+    common::assert_ok(&m.unmount(&[]), "unmount");
+    assert_eq!(fs::read(backing.join("shared/v.tmp")).unwrap(), b"bobs\n");
+}
+
+/// F7: a directory made through the mount was made as root and given to its maker by
+/// name: a user swapping a root-owned empty directory in at the name (RENAME_EXCHANGE, in a
+/// loop) was given it. Made as the caller, there is nothing to give.
+#[test]
+fn a_directory_made_is_never_given_away_by_name() {
+    let (_d, backing, m) = shared_mount();
+    let home = m.path(&ALICE.to_string());
+    let rootdir = backing.join(ALICE.to_string()).join("rd");
+    fs::create_dir(&rootdir).unwrap();
+    // Alice makes n0, n1, … through the mount while a thread of hers exchanges the
+    // newest with root's `rd` in BACKING, as fast as it can.
+    let race = r#"
+import ctypes, os, sys, threading
+libc = ctypes.CDLL(None, use_errno=True)
+mnt, backing = sys.argv[1], sys.argv[2].encode()
+current, stop = [b"n0"], []
+def swap():
+    while not stop:
+        libc.renameat2(-100, backing + b"/" + current[0], -100, backing + b"/rd", 2)
+t = threading.Thread(target=swap)
+t.start()
+for i in range(300):
+    current[0] = b"n%d" % i
+    try:
+        os.mkdir(os.path.join(mnt, "n%d" % i))
+    except OSError:
+        pass
+stop.append(1)
+t.join()
+"#;
+    let b = backing.join(ALICE.to_string());
+    let script = format!(
+        "/usr/bin/python3 -c '{race}' {} {}",
+        home.display(),
+        b.display()
+    );
+    ok(&as_user(ALICE, &home, &script), "alice races");
+    // Whatever name it ended under, root's directory is still root's.
+    let mut roots = 0;
+    for entry in fs::read_dir(&b).unwrap() {
+        let p = entry.unwrap().path();
+        if fs::symlink_metadata(&p).unwrap().uid() == 0 {
+            roots += 1;
+        }
+    }
+    assert_eq!(roots, 1, "root's directory was given to alice");
+    assert!(b.join("n299").exists() || b.join("rd").exists());
+    common::assert_ok(&m.unmount(&[]), "unmount");
+}

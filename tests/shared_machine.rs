@@ -692,6 +692,27 @@ fn an_open_file_counts_against_the_memory_limit() {
     );
 }
 
+/// From the hostile review of the by-path fixes (F8): a file renamed into an array is read
+/// whole into memory, and was up to 4 GiB whatever the memory limit (a sparse 1 GiB file
+/// took the daemon to 1 GB). One larger than the limit is refused (EFBIG) and stays.
+#[test]
+fn a_file_moved_into_an_array_is_bounded_by_the_memory_limit() {
+    let (_d, backing, _) = dirs();
+    let args = ["--chunks-per-shard", "4", "--max-pending-memory", "8M"];
+    let m = common::mount::Mounted::new(&backing, &args, LIMIT);
+    fs::create_dir_all(m.path("a/c")).unwrap();
+    fs::write(m.path("a/zarr.json"), common::LINE_ARRAY).unwrap();
+    let sparse = fs::File::create(m.path("sparse")).unwrap();
+    sparse.set_len(256 << 20).unwrap();
+    drop(sparse);
+    let moved = fs::rename(m.path("sparse"), m.path("a/c/0"));
+    assert_eq!(common::mount::errno_of(moved), Some(libc::EFBIG));
+    assert!(rss(m.pid) < 128 << 20, "the daemon read it");
+    assert_eq!(fs::metadata(m.path("sparse")).unwrap().len(), 256 << 20);
+    assert!(!m.path("a/c/0").exists());
+    common::assert_ok(&m.unmount(&[]), "unmount");
+}
+
 /// Issue 18, defect 6 (the log): a file held in memory that could not be written to
 /// BACKING was tried, and warned of, at every tick of the flusher (4,752 lines in 5 s for
 /// 50 files). It is tried again at the idle pace and said once; once the way is free it

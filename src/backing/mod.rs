@@ -22,14 +22,16 @@ use std::time::SystemTime;
 use bytes::Bytes;
 use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags};
 
+mod acting;
 pub mod held;
 pub mod owner;
 pub mod pinned;
+pub use acting::as_user;
 pub use beneath::EntryKind;
 use beneath::{errno, split};
 pub use held::{DirNow, HeldDir};
 pub use owner::FileOwner;
-pub use pinned::{Asker, AttrChange};
+pub use pinned::{Asker, AttrChange, may_open};
 
 /// What identifies one version of a file: a rewrite (new inode by rename, or new size or
 /// mtime in place) changes it.
@@ -352,29 +354,6 @@ impl Backing {
         Ok(())
     }
 
-    /// Gives what was just made at `rel` (a directory, link or special file of type `ty`,
-    /// an `S_IFMT` value) to `uid`/`gid`, on a descriptor of the inode found there, and
-    /// only if it is of that type: someone who may write the directory could have put a
-    /// hard link to another file at the name meanwhile.
-    pub fn chown_made(&self, rel: &Path, ty: u32, uid: u32, gid: Option<u32>) -> io::Result<()> {
-        let fd = self.open_beneath(rel, OFlags::PATH | OFlags::NOFOLLOW, 0)?;
-        let st = rustix::fs::fstat(&fd)?;
-        // What the daemon just made is its own, and a directory of it is empty: another
-        // user's file or directory swapped in (RENAME_EXCHANGE) meanwhile is not given away.
-        let fresh = st.st_mode & libc::S_IFMT == ty
-            && st.st_uid == rustix::process::geteuid().as_raw()
-            && (ty != libc::S_IFDIR || st.st_nlink <= 2);
-        if !fresh {
-            return Err(io::Error::other(
-                "replaced by another file since it was made",
-            ));
-        }
-        let u = Some(rustix::fs::Uid::from_raw(uid));
-        let g = gid.map(rustix::fs::Gid::from_raw);
-        rustix::fs::chownat(&fd, "", u, g, AtFlags::EMPTY_PATH)?;
-        Ok(())
-    }
-
     /// Replaces the file at `rel` with `buffers`, atomically: one vectored write (looped
     /// only on short writes) to a temporary file in the same directory, `fdatasync` so that
     /// a crash can never leave a torn file under the final name, then `rename`. With
@@ -393,23 +372,7 @@ impl Backing {
             Some(o) => o,
             None => self.owner_for(rel)?,
         };
-        let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-        let tmp_name = temp_name(&name.to_string_lossy(), n);
-        let tmp = dir_rel.join(&tmp_name);
-        let create = OpenMode {
-            read: true,
-            write: true,
-            create_new: Some(0o600),
-            ..OpenMode::default()
-        };
-        // Another writer may prune the directory between its making and our create.
-        let mut file = match self.open_file(&tmp, create) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                self.create_dir_all(dir_rel)?;
-                self.open_file(&tmp, create)?
-            }
-            other => other?,
-        };
+        let (tmp, mut file) = self.create_temp(dir_rel, &name.to_string_lossy())?;
         let result = (|| {
             owner::give(&file, owner)?;
             crate::shard::write_all_vectored(&mut file, buffers)?;
@@ -426,6 +389,31 @@ impl Backing {
                 let _ = self.remove_file(&tmp);
                 Err(e)
             }
+        }
+    }
+
+    /// A new temporary file in `dir_rel` for a file `name` to be written there, open to
+    /// read and write. Its name is random: a predictable one could be taken first by
+    /// anyone who may write the directory, and every write of the file would fail.
+    fn create_temp(&self, dir_rel: &Path, name: &str) -> io::Result<(PathBuf, File)> {
+        let create = OpenMode {
+            read: true,
+            write: true,
+            create_new: Some(0o600),
+            ..OpenMode::default()
+        };
+        let mut tries = 0;
+        loop {
+            let tmp = dir_rel.join(temp_name(name, temp_token()));
+            match self.open_file(&tmp, create) {
+                // Another writer may prune the directory between its making and our create.
+                Err(e) if e.kind() == io::ErrorKind::NotFound && tries == 0 => {
+                    self.create_dir_all(dir_rel)?;
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && tries < 16 => {}
+                other => return other.map(|f| (tmp, f)),
+            }
+            tries += 1;
         }
     }
 
@@ -553,8 +541,24 @@ pub fn join_rel(dir: &Path, name: &OsStr) -> PathBuf {
 /// The temporary name a file `name` is written under before its rename: unique (the pid
 /// and a counter), and never longer than a name may be (NAME_MAX, 255 bytes), however long
 /// `name` is.
+/// 64 random bits for a temporary name (the counter, mixed with the time, if the kernel
+/// has none to give).
+fn temp_token() -> u64 {
+    let mut token = [0u8; 8];
+    // SAFETY: `token` is a valid buffer of its length.
+    let got = unsafe { libc::getrandom(token.as_mut_ptr().cast(), token.len(), 0) };
+    if got == token.len() as isize {
+        return u64::from_ne_bytes(token);
+    }
+    let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    n.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ t
+}
+
 fn temp_name(name: &str, n: u64) -> String {
-    let suffix = format!(".shardfs-{}-{n}", std::process::id());
+    let suffix = format!(".shardfs-{}-{n:016x}", std::process::id());
     let room = 255 - 1 - suffix.len();
     let mut cut = name.len().min(room);
     while !name.is_char_boundary(cut) {
@@ -570,11 +574,12 @@ mod temp_name_tests {
         let long = "é".repeat(127);
         let t = super::temp_name(&long, u64::MAX);
         assert!(t.len() <= 255, "{}", t.len());
-        assert!(t.starts_with(".é") && t.ends_with(&format!("-{}", u64::MAX)));
+        assert!(t.starts_with(".é") && t.ends_with(&format!("-{:x}", u64::MAX)));
         assert_eq!(
             super::temp_name("x", 3),
-            format!(".x.shardfs-{}-3", std::process::id())
+            format!(".x.shardfs-{}-0000000000000003", std::process::id())
         );
+        assert_ne!(super::temp_token(), super::temp_token(), "random names");
     }
 }
 

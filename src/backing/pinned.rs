@@ -23,6 +23,9 @@ pub struct AttrChange {
     pub gid: Option<u32>,
     pub atime: Option<SystemTime>,
     pub mtime: Option<SystemTime>,
+    /// The times asked are "now" (`touch`), which whoever may write the file may set; any
+    /// other time is its owner's to set.
+    pub times_now: bool,
 }
 
 /// Who asks: a user, their group, and the process (whose other groups count too). The
@@ -57,7 +60,13 @@ impl Backing {
             if is_link {
                 return Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
             }
-            rustix::fs::chmod(pinned.as_str(), Mode::from_raw_mode(mode & 0o7777))?;
+            // As the kernel does: a set-group-ID bit asked by someone outside the file's
+            // group is dropped (else they could run a program as a group not theirs).
+            let mut mode = mode & 0o7777;
+            if asker.uid != 0 && !in_group(st.st_gid, asker) {
+                mode &= !libc::S_ISGID;
+            }
+            rustix::fs::chmod(pinned.as_str(), Mode::from_raw_mode(mode))?;
         }
         if change.uid.is_some() || change.gid.is_some() {
             let (u, g) = (change.uid.map(Uid::from_raw), change.gid.map(Gid::from_raw));
@@ -71,6 +80,34 @@ impl Backing {
             rustix::fs::utimensat(&fd, "", &times, AtFlags::EMPTY_PATH)?;
         }
         Ok(())
+    }
+}
+
+impl Backing {
+    /// The bytes (at most `limit`, else EFBIG) and metadata of the regular file at `rel`,
+    /// if `asker` may read it: checked on the descriptor read from.
+    pub fn read_as(
+        &self,
+        rel: &Path,
+        limit: u64,
+        asker: Asker,
+    ) -> io::Result<Option<(Vec<u8>, std::fs::Metadata)>> {
+        use std::io::Read;
+        let mut file = match self.open(rel) {
+            Ok(f) => f,
+            Err(e) if super::is_absent(&e) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let meta = file.metadata()?;
+        may_open(&meta, asker, true, false)?;
+        if meta.len() > limit {
+            return Err(io::Error::from_raw_os_error(libc::EFBIG));
+        }
+        let mut out = Vec::new();
+        out.try_reserve_exact(meta.len() as usize)
+            .map_err(|_| io::Error::from_raw_os_error(libc::ENOMEM))?;
+        file.by_ref().take(limit).read_to_end(&mut out)?;
+        Ok(Some((out, meta)))
     }
 }
 
@@ -90,6 +127,9 @@ fn allowed(st: &rustix::fs::Stat, asker: Asker, change: &AttrChange) -> io::Resu
         return denied(libc::EPERM);
     }
     let times = change.atime.is_some() || change.mtime.is_some();
+    if times && !owner && !change.times_now {
+        return denied(libc::EPERM);
+    }
     if (change.size.is_some() || (times && !owner)) && !writable(st, asker) {
         return denied(libc::EACCES);
     }
@@ -132,13 +172,18 @@ pub fn may_open(meta: &std::fs::Metadata, asker: Asker, read: bool, write: bool)
 /// Whether `gid` is one of the asker's groups (the request names one; the process tells
 /// the others).
 fn in_group(gid: u32, asker: Asker) -> bool {
-    if gid == asker.gid {
-        return true;
-    }
+    gid == asker.gid || groups_of(asker).contains(&gid)
+}
+
+/// The asker's supplementary groups, as its process has them (none once it is gone).
+pub(super) fn groups_of(asker: Asker) -> Vec<u32> {
     let status = std::fs::read_to_string(format!("/proc/{}/status", asker.pid));
-    status.ok().is_some_and(|s| {
-        s.lines()
-            .find_map(|l| l.strip_prefix("Groups:"))
-            .is_some_and(|g| g.split_whitespace().any(|x| x.parse() == Ok(gid)))
-    })
+    let groups = status.ok().and_then(|s| {
+        s.lines().find_map(|l| l.strip_prefix("Groups:")).map(|g| {
+            g.split_whitespace()
+                .filter_map(|x| x.parse().ok())
+                .collect()
+        })
+    });
+    groups.unwrap_or_default()
 }

@@ -608,17 +608,21 @@ impl ShardFs {
             NodeKind::File
                 if writable && info.rel.file_name() == Some(OsStr::new(METADATA_FILE)) =>
             {
-                // A zarr.json written in place: held in memory, committed at FLUSH.
-                let content = if truncate {
-                    FileData::default()
-                } else {
-                    FileData::from_bytes(Bytes::from(
-                        self.backing
-                            .read_at_most(&info.rel, super::memfile::MAX_METADATA_BYTES)?
-                            .unwrap_or_default(),
-                    ))
+                // A zarr.json written in place: held in memory, committed at FLUSH, as
+                // the file it was (its owner and mode, taken now: by the time it is
+                // written out another file may be at the name).
+                let (bytes, meta) = self
+                    .backing
+                    .read_as(&info.rel, super::memfile::MAX_METADATA_BYTES, by)?
+                    .ok_or(FsError::NotFound)?;
+                crate::backing::may_open(&meta, by, false, true)?;
+                let content = match truncate {
+                    true => FileData::default(),
+                    false => FileData::from_bytes(Bytes::from(bytes)),
                 };
-                handle.mark_dirty(&self.start_temp(&info, content));
+                let file = self.start_temp(&info, content);
+                file.set_owner(crate::backing::FileOwner::of(&meta));
+                handle.mark_dirty(&file);
                 (false, false)
             }
             NodeKind::File => (

@@ -224,11 +224,16 @@ impl MemFile {
 
     /// The file, given to `owner` (its user, group and mode) for when it goes to BACKING.
     pub fn owned_by(self, owner: crate::backing::FileOwner) -> MemFile {
+        self.set_owner(owner);
+        self
+    }
+
+    /// Gives the file to `owner` (its user, group and mode) for when it goes to BACKING.
+    pub fn set_owner(&self, owner: crate::backing::FileOwner) {
         self.with(|s| {
             s.owner = Some((owner.uid, owner.gid));
             s.mode = owner.mode;
         });
-        self
     }
 
     /// Whose file it is in BACKING, with the mode it has now (a chmod while held counts):

@@ -5,6 +5,7 @@
 
 use crate::core::refusal::Rule;
 use std::ffi::OsStr;
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -49,6 +50,8 @@ struct Move<'a> {
     place: Place,
     from: (Ino, &'a OsStr),
     to: (Ino, &'a OsStr),
+    /// Who moves it (a file that becomes a chunk is read as them).
+    by: Caller,
 }
 
 /// The mode of a file or directory made through the mount: permission bits and the sticky
@@ -308,14 +311,12 @@ impl ShardFs {
         }
         let kind = match place {
             Place::Plain(rel) => {
-                self.backing.mkdir(&rel, new_mode(mode))?;
-                self.own(&rel, libc::S_IFDIR, caller)?;
+                self.made_as(caller, || self.backing.mkdir(&rel, new_mode(mode)))?;
                 NodeKind::Dir
             }
             Place::Meta(dir) if matches!(p.kind, NodeKind::Dir) => {
                 let rel = dir.join(METADATA_FILE);
-                self.backing.mkdir(&rel, new_mode(mode))?;
-                self.own(&rel, libc::S_IFDIR, caller)?;
+                self.made_as(caller, || self.backing.mkdir(&rel, new_mode(mode)))?;
                 NodeKind::Dir
             }
             Place::KeyDir(array, node, rel) => {
@@ -326,8 +327,7 @@ impl ShardFs {
                 if let Some(parent) = rel.parent() {
                     self.backing.create_dir_all(parent)?;
                 }
-                self.backing.mkdir(&rel, new_mode(mode))?;
-                self.own(&rel, libc::S_IFDIR, caller)?;
+                self.made_as(caller, || self.backing.mkdir(&rel, new_mode(mode)))?;
                 NodeKind::Dir
             }
             _ => {
@@ -341,8 +341,15 @@ impl ShardFs {
         self.enter(parent, name, kind)
     }
 
-    /// The content of a file as an in-memory file, without touching its source.
-    fn content_of(&self, kind: &NodeKind, rel: &Path) -> Result<Arc<MemFile>, FsError> {
+    /// The content of a file as an in-memory file, without touching its source. A BACKING
+    /// file is read as `reader`: one that becomes a chunk takes its array's owner and
+    /// mode, so whoever could not read it must not move it there.
+    fn content_of(
+        &self,
+        kind: &NodeKind,
+        rel: &Path,
+        reader: Caller,
+    ) -> Result<Arc<MemFile>, FsError> {
         let from_bytes = |b: Bytes| Arc::new(MemFile::new(FileData::from_bytes(b), 0o644));
         match kind {
             NodeKind::Temp(f) => Ok(f.clone()),
@@ -359,10 +366,10 @@ impl ShardFs {
             // Into memory only what memory may hold (a file renamed into an array).
             // It stays its owner's, with its mode, wherever it goes.
             NodeKind::File => {
-                let meta = self.backing.stat(rel)?.ok_or(FsError::NotFound)?;
-                let bytes = self
+                let limit = super::memfile::MAX_FILE_BYTES.min(self.config.max_pending);
+                let (bytes, meta) = self
                     .backing
-                    .read_at_most(rel, super::memfile::MAX_FILE_BYTES)?
+                    .read_as(rel, limit, reader.asker())?
                     .ok_or(FsError::NotFound)?;
                 let file = MemFile::new(FileData::from_bytes(Bytes::from(bytes)), 0o644);
                 let owner = crate::backing::FileOwner::of(&meta);
@@ -461,14 +468,16 @@ impl ShardFs {
         };
         let orphan = if self.handles.is_open(ino) {
             match kind {
-                NodeKind::Chunk { .. } | NodeKind::Temp(_) => {
-                    self.content_of(kind, rel).ok().map(NodeKind::Temp)
-                }
+                NodeKind::Chunk { .. } | NodeKind::Temp(_) => self
+                    .content_of(kind, rel, Caller::daemon())
+                    .ok()
+                    .map(NodeKind::Temp),
                 // A BACKING file opened while it was held in memory has no descriptor of
                 // its own: the content stays in memory for the handles that had it open.
-                NodeKind::File if self.handles.any_without_backing(ino) => {
-                    self.content_of(kind, rel).ok().map(NodeKind::Temp)
-                }
+                NodeKind::File if self.handles.any_without_backing(ino) => self
+                    .content_of(kind, rel, Caller::daemon())
+                    .ok()
+                    .map(NodeKind::Temp),
                 _ => None,
             }
         } else {
@@ -659,6 +668,7 @@ impl ShardFs {
         newparent: Ino,
         newname: &OsStr,
         flags: RenameFlags,
+        by: Caller,
     ) -> Result<(), FsError> {
         let _gate = self.gate.for_request(
             name == METADATA_FILE
@@ -681,6 +691,7 @@ impl ShardFs {
             place,
             from: (parent, name),
             to: (newparent, newname),
+            by,
         };
         if flags.noreplace && mv.dst.is_some() {
             return Err(FsError::Exists);
@@ -823,7 +834,7 @@ impl ShardFs {
     /// metadata document), the destination first: when that fails (a refused document, a
     /// full disk), the source is untouched.
     fn move_content(&self, mv: &Move, src_ino: Option<Ino>) -> Result<NodeKind, FsError> {
-        let content = self.content_of(&mv.src, &mv.src_rel)?;
+        let content = self.content_of(&mv.src, &mv.src_rel, mv.by)?;
         if let Some(d) = &mv.dst {
             self.detach_name(mv.to.0, mv.to.1, d, &mv.dst_rel);
         }
@@ -1009,7 +1020,13 @@ impl ShardFs {
         Ok(())
     }
 
-    pub fn link(&self, ino: Ino, newparent: Ino, newname: &OsStr) -> Result<Attr, FsError> {
+    pub fn link(
+        &self,
+        ino: Ino,
+        newparent: Ino,
+        newname: &OsStr,
+        by: Caller,
+    ) -> Result<Attr, FsError> {
         if self.published.is_some() {
             self.pass_through_allowed(&self.node(ino)?.rel, "a hard link")?;
         }
@@ -1040,7 +1057,7 @@ impl ShardFs {
             }
             // Elsewhere a link is a copy that shares the bytes (no data is copied).
             _ => {
-                let content = self.content_of(&src.kind, &src.rel)?;
+                let content = self.content_of(&src.kind, &src.rel, by)?;
                 let copy = Arc::new(MemFile::new(content.snapshot().data, 0o644));
                 self.put_content(&place, copy, None)?
             }
@@ -1071,8 +1088,7 @@ impl ShardFs {
         }
         match place {
             Place::Plain(rel) | Place::Temp(rel) | Place::Extra(rel) => {
-                self.backing.symlink(target, &rel)?;
-                self.own(&rel, libc::S_IFLNK, caller)?;
+                self.made_as(caller, || self.backing.symlink(target, &rel))?;
             }
             _ => {
                 return Err(FsError::refused(
@@ -1112,8 +1128,8 @@ impl ShardFs {
         }
         match place {
             Place::Plain(rel) | Place::Extra(rel) => {
-                self.backing.mknod(&rel, ty | new_mode(mode), rdev)?;
-                self.own(&rel, ty, caller)?;
+                let mode = ty | new_mode(mode);
+                self.made_as(caller, || self.backing.mknod(&rel, mode, rdev))?;
             }
             _ => {
                 return Err(FsError::refused(
@@ -1153,22 +1169,14 @@ impl ShardFs {
         }
     }
 
-    /// Gives what was just made at `rel` in BACKING (a directory, link or special file,
-    /// which have no descriptor to give) to `caller`, by name without following a link.
-    /// Never fails the request: the file exists by now.
-    fn own(&self, rel: &Path, ty: u32, caller: Caller) -> Result<(), FsError> {
-        let daemon = Caller::daemon();
-        if daemon.uid != 0 || (caller.uid == daemon.uid && caller.gid == daemon.gid) {
-            return Ok(());
-        }
-        let gid = self.group_for(rel, caller);
-        // A BACKING that refuses (root squashed on NFS) keeps the daemon as owner: the file
-        // is made all the same, and a retry would find it there.
-        if let Err(e) = self.backing.chown_made(rel, ty, caller.uid, gid) {
-            warn!(file = %self.backing.path(rel).display(),
-                "made, but left owned by the daemon: BACKING refused to give it to uid {}: {e}",
-                caller.uid);
-        }
+    /// Makes a directory, link or special file in BACKING as `caller` (`backing::as_user`):
+    /// theirs from the start, so nothing is given away by name afterwards.
+    fn made_as(
+        &self,
+        caller: Caller,
+        make: impl FnOnce() -> io::Result<()>,
+    ) -> Result<(), FsError> {
+        crate::backing::as_user(caller.asker(), make)?;
         Ok(())
     }
 

@@ -268,11 +268,9 @@ impl Finishing<'_> {
         Ok(())
     }
 
-    /// Gives the file group `gid` (its owner stays).
-    pub fn set_group(&self, gid: u32) -> io::Result<()> {
-        let gid = rustix::fs::Gid::from_raw(gid);
-        rustix::fs::fchown(&*self.file.file, None, Some(gid))?;
-        Ok(())
+    /// Gives the file to `owner`, on its descriptor (it is about to become a shard).
+    pub fn give(&self, owner: crate::backing::FileOwner) -> io::Result<()> {
+        crate::backing::owner::give(&self.file.file, owner)
     }
 
     pub fn sync(&self) -> io::Result<()> {

@@ -4,7 +4,6 @@
 
 use crate::core::refusal::Rule;
 use std::collections::{BTreeMap, BTreeSet};
-use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -555,13 +554,13 @@ impl ShardJob<'_> {
         let start = body.len();
         let (tail, index) = self.body_tail(start, in_body);
         body.append(&tail)?;
-        // Made where the journal is, it takes the group a file made in the shard's
-        // directory would.
-        if let Some(dir) = self.backing.stat(key.dir_rel())?
-            && dir.mode() & libc::S_ISGID != 0
-        {
-            body.set_group(dir.gid())?;
-        }
+        // Made where the journal is (the daemon's), it becomes a shard: its directory's
+        // owner's, as every shard the mount writes (`backing::owner`). Given once it has
+        // left the journal, where a body of another user's is never replayed.
+        let owner = self
+            .backing
+            .stat(key.dir_rel())?
+            .map(|dir| crate::backing::FileOwner::for_file_in(&dir));
         // The index must never name bytes that a crash could lose; and a failed sync of the
         // body is never retried into a success (`Journal::synced`).
         match reg.journal() {
@@ -571,6 +570,11 @@ impl ShardJob<'_> {
         match self.backing.rename(body.path(), self.rel) {
             Err(e) if e.raw_os_error() == Some(libc::EXDEV) => return Ok(None),
             r => r?,
+        }
+        if let Some(owner) = owner
+            && let Err(e) = body.give(owner)
+        {
+            warn!(shard = %self.rel.display(), "shard written, left the daemon's: {e}");
         }
         // The shard is in place, and the body (with every record in it) gone from the
         // journal: from here on a failure only means that this is not durable yet.
