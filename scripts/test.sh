@@ -34,6 +34,20 @@ fi
 export SHARDFS_PYTHON="$venv/bin/python"
 "$SHARDFS_PYTHON" -c 'import zarr, tensorstore, numpy' # fail here, not in the tests
 
+# Azurite (npm), the local Azure Blob Storage server the object-store tests start on
+# 127.0.0.1, installed beside the project (Node.js is needed; a fresh machine may lack it).
+azurite_version=3.35.0
+azurite="$PWD/.tools/azurite"
+if ! grep -qs "\"version\": \"$azurite_version\"" "$azurite/node_modules/azurite/package.json"; then
+    echo "== installing Azurite $azurite_version"
+    if ! command -v npm >/dev/null; then
+        (apt-get install -y -q nodejs npm >/dev/null 2>&1 ||
+            (apt-get update -q >/dev/null && apt-get install -y -q nodejs npm >/dev/null))
+    fi
+    npm install --silent --no-audit --no-fund --prefix "$azurite" "azurite@$azurite_version"
+fi
+export SHARDFS_AZURITE="$azurite/node_modules/.bin/azurite-blob"
+
 echo "== cargo fmt --check"
 cargo fmt --check
 echo "== cargo clippy"

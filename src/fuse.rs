@@ -108,8 +108,29 @@ fn caller(req: &Request) -> Caller {
 }
 
 fn errno(e: &FsError) -> Errno {
-    debug!("request failed: {e}");
-    Errno::from_i32(e.to_errno())
+    let errno = e.to_errno();
+    // An I/O error tells its caller nothing of its cause (a store's refusal, a damaged
+    // file): the log does, at the default level, at most once a second.
+    if errno == libc::EIO && eio_may_log() {
+        tracing::warn!("a request failed with EIO: {e}");
+    } else {
+        debug!("request failed: {e}");
+    }
+    Errno::from_i32(errno)
+}
+
+/// Whether an EIO may be logged now (one a second; the others only at debug level).
+fn eio_may_log() -> bool {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let last = LAST.load(Ordering::Relaxed);
+    now != last
+        && LAST
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
 }
 
 fn file_type(t: FileType) -> fuser::FileType {
@@ -456,12 +477,18 @@ impl Filesystem for FuseAdapter {
         );
     }
 
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        empty(reply, self.run(|| self.core.unlink(parent.0, name)));
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        empty(
+            reply,
+            self.run(|| self.core.unlink(parent.0, name, caller(req))),
+        );
     }
 
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        empty(reply, self.run(|| self.core.rmdir(parent.0, name)));
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        empty(
+            reply,
+            self.run(|| self.core.rmdir(parent.0, name, caller(req))),
+        );
     }
 
     fn rename(

@@ -255,7 +255,12 @@ fn key_listings_find_entries_that_only_later_shards_hold() {
     let unlink = |key: &str| {
         let (parent, leaf) = key.rsplit_once('/').unwrap();
         let p = walk(&fs, &format!("{name}/{parent}")).unwrap();
-        fs.unlink(p, OsStr::new(leaf)).unwrap();
+        fs.unlink(
+            p,
+            OsStr::new(leaf),
+            shardfs::core::namespace::Caller::daemon(),
+        )
+        .unwrap();
     };
     for key in &first_shard {
         unlink(key);

@@ -553,3 +553,173 @@ t.join()
     assert!(b.join("n299").exists() || b.join("rd").exists());
     common::assert_ok(&m.unmount(&[]), "unmount");
 }
+
+/// A directory anyone may write (not sticky), and in it bob's directory `name` holding
+/// his file `vfile`, made in BACKING.
+fn bobs_dir_in_open(backing: &Path, name: &str) -> std::path::PathBuf {
+    let open = backing.join("open");
+    if !open.exists() {
+        fs::create_dir(&open).unwrap();
+        fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).unwrap();
+    }
+    let dir = open.join(name);
+    fs::create_dir(&dir).unwrap();
+    std::os::unix::fs::chown(&dir, Some(BOB), Some(BOB)).unwrap();
+    plant(&dir.join("vfile"), BOB, BOB, 0o644, b"bob's");
+    dir
+}
+
+/// From the second review of the by-path fixes (1): creates, removals and renames were
+/// made as root by path, so a directory swapped in at a path the kernel had cached as the
+/// caller's (renamed within a directory anyone may write) took them: alice created,
+/// removed and renamed files in bob's directory. Made as the caller, the kernel refuses.
+#[test]
+fn a_directory_swapped_in_takes_no_change_its_owner_did_not_allow() {
+    let (_d, backing, m) = shared_mount();
+    let vdir = bobs_dir_in_open(&backing, "vdir");
+    let open = m.path("open");
+    ok(
+        &as_user(
+            ALICE,
+            &open,
+            "mkdir adir && echo m > mine && ls adir && stat adir",
+        ),
+        "alice caches her directory",
+    );
+    fs::rename(backing.join("open/adir"), backing.join("open/adir.old")).unwrap();
+    fs::rename(&vdir, backing.join("open/adir")).unwrap();
+    let attempts = "touch adir/planted; rm -f adir/vfile; mv mine adir/mine; \
+                    mv adir/vfile stolen; mkdir adir/sub; true";
+    ok(&as_user(ALICE, &open, attempts), "alice tries");
+    let bobs = backing.join("open/adir");
+    let mut names: Vec<_> = fs::read_dir(&bobs)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["vfile"], "bob's directory changed");
+    assert!(!backing.join("open/stolen").exists());
+    common::assert_ok(&m.unmount(&[]), "unmount");
+}
+
+/// The same for an array (1, arrays): the mount writes chunks into shards and documents
+/// as root, so the caller's permission is checked again on the array's directory really
+/// there: alice wrote a chunk into bob's shard, removed one and rewrote his zarr.json.
+#[test]
+fn an_array_swapped_in_takes_no_change_its_owner_did_not_allow() {
+    let (_d, backing, m) = shared_mount();
+    let open = backing.join("open");
+    fs::create_dir(&open).unwrap();
+    fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).unwrap();
+    let line = common::LINE_ARRAY.replace('\n', "");
+    let array = |name: &str| {
+        format!(
+            "mkdir {name} && printf '%s' '{line}' > {name}/zarr.json && mkdir {name}/c && \
+             head -c16 /dev/zero > {name}/c/0"
+        )
+    };
+    ok(
+        &as_user(BOB, &m.path("open"), &array("varr")),
+        "bob's array",
+    );
+    ok(
+        &as_user(
+            ALICE,
+            &m.path("open"),
+            &format!(
+                "{} && ls aarr/c && stat aarr/c/0 aarr/zarr.json",
+                array("aarr")
+            ),
+        ),
+        "alice's array, cached",
+    );
+    common::assert_ok(
+        &common::shardfs(&["flush", m.mountpoint.to_str().unwrap()]),
+        "flush",
+    );
+    let shard = fs::read(open.join("varr/c/0")).unwrap();
+    let doc = fs::read(open.join("varr/zarr.json")).unwrap();
+    fs::rename(open.join("aarr"), open.join("aarr.old")).unwrap();
+    fs::rename(open.join("varr"), open.join("aarr")).unwrap();
+    let attempts = "head -c16 /dev/urandom > aarr/c/1; rm -f aarr/c/0; \
+                    true > aarr/zarr.json; head -c16 /dev/urandom > aarr/c/0; true";
+    ok(&as_user(ALICE, &m.path("open"), attempts), "alice tries");
+    common::assert_ok(
+        &common::shardfs(&["flush", m.mountpoint.to_str().unwrap()]),
+        "flush",
+    );
+    assert_eq!(
+        fs::read(open.join("aarr/c/0")).unwrap(),
+        shard,
+        "bob's shard"
+    );
+    assert_eq!(
+        fs::read(open.join("aarr/zarr.json")).unwrap(),
+        doc,
+        "bob's zarr.json"
+    );
+    common::assert_ok(&m.unmount(&[]), "unmount");
+}
+
+/// From the second review (2): a missing parent of a rename's destination was made by
+/// the mount as root and given to its parent's owner by path: bob's directory, swapped in
+/// at the name meanwhile (RENAME_EXCHANGE in a loop), became alice's.
+#[test]
+fn a_parent_made_for_a_rename_is_never_given_away_by_name() {
+    let (_d, backing, m) = shared_mount();
+    let home = m.path(&ALICE.to_string());
+    let b = backing.join(ALICE.to_string());
+    let vdir = b.join("vdir");
+    fs::create_dir(&vdir).unwrap();
+    plant(&vdir.join("keep"), BOB, BOB, 0o644, b"bob's");
+    std::os::unix::fs::chown(&vdir, Some(BOB), Some(BOB)).unwrap();
+    let race = r#"
+import ctypes, os, shutil, sys, threading
+libc = ctypes.CDLL(None, use_errno=True)
+mnt, backing = sys.argv[1], sys.argv[2]
+rounds = 0
+for i in range(150):
+    f = os.path.join(mnt, "f%d" % i)
+    open(f, "w").close()
+    sub = os.path.join(mnt, "sub")
+    try:
+        os.mkdir(sub)
+        os.stat(sub)
+        os.rmdir(os.path.join(backing, "sub"))
+    except OSError:
+        continue
+    stop = []
+    def swap():
+        a, v = (backing + "/sub").encode(), (backing + "/vdir").encode()
+        while not stop:
+            libc.renameat2(-100, a, -100, v, 2)
+    t = threading.Thread(target=swap)
+    t.start()
+    try:
+        os.rename(f, os.path.join(sub, "f%d" % i))
+    except OSError:
+        pass
+    stop.append(1)
+    t.join()
+    for name in ("sub", "vdir"):
+        p = os.path.join(backing, name)
+        if os.path.exists(os.path.join(p, "keep")) and os.stat(p).st_uid != 4322:
+            sys.exit("the victim directory now belongs to %d, at %s" % (os.stat(p).st_uid, name))
+    # The victim directory back at its name, and what the round made gone.
+    if os.path.exists(os.path.join(backing, "sub", "keep")):
+        libc.renameat2(-100, (backing + "/sub").encode(), -100, (backing + "/vdir").encode(), 2)
+    shutil.rmtree(os.path.join(backing, "sub"), ignore_errors=True)
+    rounds += 1
+print(rounds)
+"#;
+    let script = format!(
+        "/usr/bin/python3 -c '{race}' {} {}",
+        home.display(),
+        b.display()
+    );
+    let raced = as_user(ALICE, &home, &script);
+    ok(&raced, "alice races");
+    let rounds: u32 = common::stdout(&raced).trim().parse().unwrap();
+    assert!(rounds > 100, "only {rounds} rounds raced");
+    common::assert_ok(&m.unmount(&[]), "unmount");
+}

@@ -16,7 +16,10 @@ use super::Asker;
 /// Runs `make` with `who`'s file-system identity on this thread, when the daemon is root
 /// and `who` is someone else; as the daemon otherwise (a daemon of an ordinary user makes
 /// everything its own, as any process does).
-pub fn as_user<R>(who: Asker, make: impl FnOnce() -> io::Result<R>) -> io::Result<R> {
+pub fn as_user<R, E: From<io::Error>>(
+    who: Asker,
+    make: impl FnOnce() -> Result<R, E>,
+) -> Result<R, E> {
     let daemon = Asker {
         uid: rustix::process::geteuid().as_raw(),
         gid: rustix::process::getegid().as_raw(),

@@ -52,6 +52,16 @@ impl HeldDir {
         }
     }
 
+    /// The directory's owner, group and mode now.
+    pub fn owner(&self) -> std::io::Result<super::FileOwner> {
+        let st = rustix::fs::fstat(&self.0)?;
+        Ok(super::FileOwner {
+            uid: st.st_uid,
+            gid: st.st_gid,
+            mode: st.st_mode & 0o7777,
+        })
+    }
+
     /// The directory's device and inode: the same for two holds of one directory.
     pub fn id(&self) -> Option<(u64, u64)> {
         rustix::fs::fstat(&self.0)

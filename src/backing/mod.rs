@@ -31,7 +31,7 @@ pub use beneath::EntryKind;
 use beneath::{errno, split};
 pub use held::{DirNow, HeldDir};
 pub use owner::FileOwner;
-pub use pinned::{Asker, AttrChange, may_open};
+pub use pinned::{Asker, AttrChange, may_change_dir, may_open};
 
 /// What identifies one version of a file: a rewrite (new inode by rename, or new size or
 /// mtime in place) changes it.
@@ -267,20 +267,37 @@ impl Backing {
         if let Some(parent) = rel.parent() {
             self.create_dir_all_within(parent, within)?;
         }
-        match self.mkdir(rel, 0o700) {
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
-            Err(e) => Err(e),
-            // Made 0700 until it is its parent's owner's, with the parent's mode: nobody
-            // else may use it before.
-            Ok(()) => {
-                let parent = self.stat(rel.parent().unwrap_or(Path::new("")))?;
-                let made = File::from(self.dir(rel)?);
-                match parent {
-                    Some(p) => owner::give(&made, FileOwner::for_dir_in(&p)),
-                    None => Ok(()),
-                }
-            }
+        let (parent, name) = self.parent(rel)?;
+        // Made mode 0 until it is its parent's owner's, with the parent's mode: nobody else
+        // may use it before, and nobody else can make such a directory of the daemon's.
+        // (A daemon of an ordinary user could not open it so; it gives nothing away.)
+        let root = rustix::process::geteuid().is_root();
+        let first = Mode::from_raw_mode(if root { 0 } else { 0o700 });
+        match rustix::fs::mkdirat(&parent, name.as_os_str(), first) {
+            Err(e) if e == rustix::io::Errno::EXIST => return Ok(()),
+            r => r?,
         }
+        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW;
+        let made = File::from(rustix::fs::openat(
+            &parent,
+            name.as_os_str(),
+            flags,
+            Mode::empty(),
+        )?);
+        let m = made.metadata()?;
+        // Someone who may write the parent could have swapped another directory in at the
+        // name (RENAME_EXCHANGE): that one is not given away.
+        let ours = m.uid() == rustix::process::geteuid().as_raw()
+            && m.mode() & 0o7777 == first.as_raw_mode()
+            && m.nlink() <= 2;
+        if !ours {
+            return Err(io::Error::other(format!(
+                "{}: another directory was put at the name as it was made",
+                rel.display()
+            )));
+        }
+        let parent_meta = File::from(parent).metadata()?;
+        owner::give(&made, FileOwner::for_dir_in(&parent_meta))
     }
 
     pub fn mkdir(&self, rel: &Path, mode: u32) -> io::Result<()> {

@@ -169,6 +169,15 @@ pub fn may_open(meta: &std::fs::Metadata, asker: Asker, read: bool, write: bool)
     }
 }
 
+/// Whether `asker` may add and remove names in a directory of `owner` (write and search
+/// permission), as the kernel would decide on the directory really there.
+pub fn may_change_dir(owner: super::FileOwner, asker: Asker) -> io::Result<()> {
+    match asker.uid == 0 || permits(owner.mode, owner.uid, owner.gid, asker, 0o3) {
+        true => Ok(()),
+        false => Err(io::Error::from_raw_os_error(libc::EACCES)),
+    }
+}
+
 /// Whether `gid` is one of the asker's groups (the request names one; the process tells
 /// the others).
 fn in_group(gid: u32, asker: Asker) -> bool {

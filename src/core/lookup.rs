@@ -630,6 +630,13 @@ impl ShardFs {
                 false,
             ),
             NodeKind::ArrayMeta(array) => {
+                if writable {
+                    // BACKING's file, written by the mount as root: checked on the file
+                    // really there (the kernel checked a view it cached).
+                    let doc = self.backing.stat(&array.rel.join(METADATA_FILE))?;
+                    let doc = doc.ok_or(FsError::NotFound)?;
+                    crate::backing::may_open(&doc, by, false, true)?;
+                }
                 let view = array.view_json.clone();
                 (
                     self.open_document(&info, view, truncate, &mut handle),
@@ -659,6 +666,15 @@ impl ShardFs {
                 (true, false)
             }
             NodeKind::Chunk { array, coords } => {
+                if writable {
+                    // A chunk's mode is its array's (its directory's, really there).
+                    let caller = super::namespace::Caller {
+                        uid: by.uid,
+                        gid: by.gid,
+                        pid: by.pid,
+                    };
+                    self.may_write_array(array, caller)?;
+                }
                 self.open_chunk(array, coords, truncate, &mut handle)?;
                 (true, false)
             }

@@ -41,6 +41,9 @@ enum Place {
     Extra(PathBuf),
 }
 
+/// A file moved into an array is read into memory: at most the memory limit, or this.
+const MOVED_FLOOR: u64 = 64 << 20;
+
 /// One rename, resolved: what the old name is, and where the new one would go.
 struct Move<'a> {
     src: NodeKind,
@@ -248,19 +251,19 @@ impl ShardFs {
         mode: u32,
         caller: Caller,
     ) -> Result<(NodeKind, Option<std::fs::File>), FsError> {
+        self.may_make_at(&place, caller)?;
         let kind = match place {
             Place::Plain(rel) | Place::Extra(rel) => {
                 self.pass_through_allowed(&rel, "a file created in place")?;
-                let file = self.backing.open_file(
-                    &rel,
-                    OpenMode {
-                        read: true,
-                        write: true,
-                        create_new: Some(new_mode(mode)),
-                        ..OpenMode::default()
-                    },
-                )?;
-                self.own_file(&file, &rel, caller);
+                let how = OpenMode {
+                    read: true,
+                    write: true,
+                    create_new: Some(new_mode(mode)),
+                    ..OpenMode::default()
+                };
+                // As the caller: theirs from the start, in a directory they may write.
+                let file =
+                    crate::backing::as_user(caller.asker(), || self.backing.open_file(&rel, how))?;
                 return Ok((NodeKind::File, Some(file)));
             }
             Place::Meta(dir) => self.new_temp(&dir.join(METADATA_FILE), mode, caller)?,
@@ -311,12 +314,12 @@ impl ShardFs {
         }
         let kind = match place {
             Place::Plain(rel) => {
-                self.made_as(caller, || self.backing.mkdir(&rel, new_mode(mode)))?;
+                self.as_caller(caller, || self.backing.mkdir(&rel, new_mode(mode)))?;
                 NodeKind::Dir
             }
             Place::Meta(dir) if matches!(p.kind, NodeKind::Dir) => {
                 let rel = dir.join(METADATA_FILE);
-                self.made_as(caller, || self.backing.mkdir(&rel, new_mode(mode)))?;
+                self.as_caller(caller, || self.backing.mkdir(&rel, new_mode(mode)))?;
                 NodeKind::Dir
             }
             Place::KeyDir(array, node, rel) => {
@@ -327,7 +330,7 @@ impl ShardFs {
                 if let Some(parent) = rel.parent() {
                     self.backing.create_dir_all(parent)?;
                 }
-                self.made_as(caller, || self.backing.mkdir(&rel, new_mode(mode)))?;
+                self.as_caller(caller, || self.backing.mkdir(&rel, new_mode(mode)))?;
                 NodeKind::Dir
             }
             _ => {
@@ -366,7 +369,10 @@ impl ShardFs {
             // Into memory only what memory may hold (a file renamed into an array).
             // It stays its owner's, with its mode, wherever it goes.
             NodeKind::File => {
-                let limit = super::memfile::MAX_FILE_BYTES.min(self.config.max_pending);
+                // (A floor, so that a tiny limit still lets documents and ordinary
+                // chunks move; it bounds a hostile sparse file all the same.)
+                let held = self.config.max_pending.max(MOVED_FLOOR);
+                let limit = super::memfile::MAX_FILE_BYTES.min(held);
                 let (bytes, meta) = self
                     .backing
                     .read_as(rel, limit, reader.asker())?
@@ -486,11 +492,12 @@ impl ShardFs {
         self.inodes.detach(parent, name, orphan);
     }
 
-    pub fn unlink(&self, parent: Ino, name: &OsStr) -> Result<(), FsError> {
+    pub fn unlink(&self, parent: Ino, name: &OsStr, by: Caller) -> Result<(), FsError> {
         let _gate = self.gate.for_request(name == METADATA_FILE);
         let p = self.node(parent)?;
         let rel = join_rel(&p.rel, name);
         let kind = self.resolve(&p, name)?;
+        self.may_change_names(&kind, &rel, by)?;
         match &kind {
             NodeKind::Dir | NodeKind::ArrayDir(_) | NodeKind::ChunkDir { .. } => {
                 return Err(FsError::IsDir);
@@ -533,7 +540,9 @@ impl ShardFs {
             _ => {
                 // Detached first: an open file may need its content read before it goes.
                 self.detach_name(parent, name, &kind, &rel);
-                if !self.remove_whole(&rel)? {
+                // As the caller: the kernel checks the directory really there.
+                let removed = crate::backing::as_user(by.asker(), || self.remove_whole(&rel))?;
+                if !removed {
                     return Err(FsError::NotFound);
                 }
                 return Ok(());
@@ -617,7 +626,7 @@ impl ShardFs {
         }
     }
 
-    pub fn rmdir(&self, parent: Ino, name: &OsStr) -> Result<(), FsError> {
+    pub fn rmdir(&self, parent: Ino, name: &OsStr, by: Caller) -> Result<(), FsError> {
         let p = self.node(parent)?;
         let rel = join_rel(&p.rel, name);
         let kind = match self.resolve(&p, name) {
@@ -629,6 +638,7 @@ impl ShardFs {
             },
             Err(e) => return Err(e),
         };
+        self.may_change_names(&kind, &rel, by)?;
         match &kind {
             NodeKind::ChunkDir { array, node } => {
                 let extras = self.backing.list(&rel)?.into_iter().any(|e| {
@@ -651,7 +661,7 @@ impl ShardFs {
                 if self.temps.any_below(&rel) {
                     return Err(FsError::NotEmpty);
                 }
-                self.backing.remove_dir(&rel)?;
+                self.as_caller(by, || self.backing.remove_dir(&rel))?;
                 self.shards.forget_array(&rel);
                 self.temps.forget_below(&rel);
             }
@@ -696,18 +706,13 @@ impl ShardFs {
         if flags.noreplace && mv.dst.is_some() {
             return Err(FsError::Exists);
         }
+        self.may_change_names(&mv.src, &mv.src_rel, by)?;
+        self.may_make_at(&mv.place, by)?;
         if mv.src_rel == mv.dst_rel {
             return Ok(());
         }
         if flags.exchange {
-            return self.exchange(
-                &mv.src,
-                &mv.src_rel,
-                mv.dst.as_ref(),
-                &mv.place,
-                mv.from,
-                mv.to,
-            );
+            return self.exchange(&mv);
         }
         self.no_failed_shards(&mv.place)?;
         let src_ino = self.inodes.peek(parent, name);
@@ -756,7 +761,7 @@ impl ShardFs {
             (
                 NodeKind::Dir | NodeKind::ArrayDir(_),
                 Place::Plain(to) | Place::Extra(to) | Place::Temp(to),
-            ) => self.move_dir(&mv.src_rel, to),
+            ) => self.move_dir(&mv.src_rel, to, mv.by),
             (
                 NodeKind::File | NodeKind::Symlink | NodeKind::Other,
                 Place::Plain(to) | Place::Extra(to) | Place::Temp(to),
@@ -768,7 +773,7 @@ impl ShardFs {
                 if let Some(d) = &mv.dst {
                     self.detach_name(mv.to.0, mv.to.1, d, &mv.dst_rel);
                 }
-                self.backing.rename(&mv.src_rel, to)?;
+                self.as_caller(mv.by, || self.backing.rename(&mv.src_rel, to))?;
                 Ok(mv.src.clone())
             }
             // Everything else moves content: into a shard, memory, BACKING or metadata.
@@ -817,13 +822,13 @@ impl ShardFs {
 
     /// A directory (an array's, too) renamed to a plain name: what is pending below it is
     /// written first, and what is known of it forgotten.
-    fn move_dir(&self, src_rel: &Path, to: &Path) -> Result<NodeKind, FsError> {
+    fn move_dir(&self, src_rel: &Path, to: &Path, by: Caller) -> Result<NodeKind, FsError> {
         self.flush_below(src_rel)?;
         self.settle_durably(src_rel)?;
         if let Some(dir) = to.parent() {
             self.backing.create_dir_all(dir)?;
         }
-        self.backing.rename(src_rel, to)?;
+        self.as_caller(by, || self.backing.rename(src_rel, to))?;
         self.shards.forget_array(src_rel);
         self.temps.forget_below(src_rel);
         self.inodes.bump_generation();
@@ -955,17 +960,10 @@ impl ShardFs {
         Ok(kind.clone())
     }
 
-    fn exchange(
-        &self,
-        src: &NodeKind,
-        src_rel: &Path,
-        dst: Option<&NodeKind>,
-        place: &Place,
-        from: (Ino, &OsStr),
-        to: (Ino, &OsStr),
-    ) -> Result<(), FsError> {
+    fn exchange(&self, mv: &Move) -> Result<(), FsError> {
+        let (src, src_rel, place) = (&mv.src, mv.src_rel.as_path(), &mv.place);
         let plain = |k: &NodeKind| matches!(k, NodeKind::File | NodeKind::Dir | NodeKind::Symlink);
-        let Some(dst) = dst else {
+        let Some(dst) = &mv.dst else {
             return Err(FsError::Invalid(
                 "exchange with a name that does not exist".into(),
             ));
@@ -986,7 +984,7 @@ impl ShardFs {
                 self.settle_durably(rel)?;
             }
         }
-        self.backing.exchange(src_rel, dst_rel)?;
+        self.as_caller(mv.by, || self.backing.exchange(src_rel, dst_rel))?;
         if trees {
             for rel in [src_rel, dst_rel.as_path()] {
                 self.shards.forget_array(rel);
@@ -995,7 +993,7 @@ impl ShardFs {
         }
         // The kernel swaps its entries: so do the inodes (detached, the kernel's entries
         // would name nothing for a second).
-        self.inodes.exchange(from, to);
+        self.inodes.exchange(mv.from, mv.to);
         self.inodes.bump_generation();
         Ok(())
     }
@@ -1032,6 +1030,7 @@ impl ShardFs {
         }
         let _gate = self.gate.for_request(newname == METADATA_FILE);
         let (dp, place, _shared) = self.place_held(newparent, newname)?;
+        self.may_make_at(&place, by)?;
         let src = self.node(ino)?;
         if self.exists(&dp, newname)? {
             return Err(FsError::Exists);
@@ -1042,7 +1041,7 @@ impl ShardFs {
                 NodeKind::File | NodeKind::Symlink | NodeKind::Other,
                 Place::Plain(to) | Place::Extra(to),
             ) => {
-                self.backing.hard_link(&src.rel, to)?;
+                self.as_caller(by, || self.backing.hard_link(&src.rel, to))?;
                 src.kind.clone()
             }
             (NodeKind::Symlink | NodeKind::Other, _) => {
@@ -1088,7 +1087,7 @@ impl ShardFs {
         }
         match place {
             Place::Plain(rel) | Place::Temp(rel) | Place::Extra(rel) => {
-                self.made_as(caller, || self.backing.symlink(target, &rel))?;
+                self.as_caller(caller, || self.backing.symlink(target, &rel))?;
             }
             _ => {
                 return Err(FsError::refused(
@@ -1129,7 +1128,7 @@ impl ShardFs {
         match place {
             Place::Plain(rel) | Place::Extra(rel) => {
                 let mode = ty | new_mode(mode);
-                self.made_as(caller, || self.backing.mknod(&rel, mode, rdev))?;
+                self.as_caller(caller, || self.backing.mknod(&rel, mode, rdev))?;
             }
             _ => {
                 return Err(FsError::refused(
@@ -1142,36 +1141,56 @@ impl ShardFs {
         self.enter(parent, name, NodeKind::Other)
     }
 
-    /// The group a file made at `rel` by `caller` gets: the caller's, unless the directory
-    /// passes its own down (set-group-ID, which BACKING applied).
-    fn group_for(&self, rel: &Path, caller: Caller) -> Option<u32> {
-        let inherits = rel
-            .parent()
-            .and_then(|dir| self.backing.stat(dir).ok().flatten())
-            .is_some_and(|m| std::os::unix::fs::MetadataExt::mode(&m) & libc::S_ISGID != 0);
-        (!inherits).then_some(caller.gid)
-    }
-
-    /// Gives the regular file just made at `rel` (open as `file`) to `caller`, on the
-    /// descriptor: by name, someone who may write the directory could have put another
-    /// file (a hard link to one of theirs) at it meanwhile. Never fails the request.
-    fn own_file(&self, file: &std::fs::File, rel: &Path, caller: Caller) {
-        let daemon = Caller::daemon();
-        if daemon.uid != 0 || (caller.uid == daemon.uid && caller.gid == daemon.gid) {
-            return;
-        }
-        let uid = rustix::fs::Uid::from_raw(caller.uid);
-        let gid = self.group_for(rel, caller).map(rustix::fs::Gid::from_raw);
-        if let Err(e) = rustix::fs::fchown(file, Some(uid), gid) {
-            warn!(file = %self.backing.path(rel).display(),
-                "made, but left owned by the daemon: BACKING refused to give it to uid {}: {e}",
-                caller.uid);
+    /// Whether `by` may remove (or rename away) the name `rel`, whose kind is `kind`, when
+    /// the mount does it as root: inside an array, the caller's permission is checked again
+    /// on the directory really there (the kernel checked a view it cached, and another
+    /// directory may have been put at the path since). Plain names are changed as the
+    /// caller (`as_caller`), which the kernel checks itself.
+    fn may_change_names(&self, kind: &NodeKind, rel: &Path, by: Caller) -> Result<(), FsError> {
+        match kind {
+            NodeKind::Chunk { array, .. }
+            | NodeKind::ChunkDir { array, .. }
+            | NodeKind::ArrayMeta(array) => self.may_write_array(array, by),
+            NodeKind::Temp(_) => self.may_change_in(rel.parent().unwrap_or(Path::new("")), by),
+            _ => Ok(()),
         }
     }
 
-    /// Makes a directory, link or special file in BACKING as `caller` (`backing::as_user`):
-    /// theirs from the start, so nothing is given away by name afterwards.
-    fn made_as(
+    /// Whether `by` may make a file at `place` (`may_change_names`).
+    fn may_make_at(&self, place: &Place, by: Caller) -> Result<(), FsError> {
+        match place {
+            Place::Chunk(array, _) | Place::KeyDir(array, _, _) => self.may_write_array(array, by),
+            Place::Temp(rel) => self.may_change_in(rel.parent().unwrap_or(Path::new("")), by),
+            Place::Meta(dir) => self.may_change_in(dir, by),
+            Place::Plain(_) | Place::Extra(_) => Ok(()),
+        }
+    }
+
+    /// Whether `by` may change the names of `array`, on the directory that holds it.
+    pub(crate) fn may_write_array(&self, array: &ArrayState, by: Caller) -> Result<(), FsError> {
+        let owner = match &array.dir {
+            Some(held) => held.owner()?,
+            None => self.owner_now(&array.rel)?,
+        };
+        crate::backing::may_change_dir(owner, by.asker())?;
+        Ok(())
+    }
+
+    /// Whether `by` may change the names of the BACKING directory `rel`.
+    fn may_change_in(&self, rel: &Path, by: Caller) -> Result<(), FsError> {
+        crate::backing::may_change_dir(self.owner_now(rel)?, by.asker())?;
+        Ok(())
+    }
+
+    fn owner_now(&self, rel: &Path) -> Result<crate::backing::FileOwner, FsError> {
+        let meta = self.backing.stat(rel)?.ok_or(FsError::NotFound)?;
+        Ok(crate::backing::FileOwner::of(&meta))
+    }
+
+    /// Does `change` in BACKING as `caller` (`backing::as_user`): what it makes is theirs
+    /// from the start, so nothing is given away by name afterwards, and the kernel checks
+    /// their permission on the directories really there.
+    fn as_caller(
         &self,
         caller: Caller,
         make: impl FnOnce() -> io::Result<()>,

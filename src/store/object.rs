@@ -42,6 +42,8 @@ pub struct ObjectBacked {
     url: String,
     /// Versions are named by version id rather than ETag (`info_of`).
     by_version: bool,
+    /// The store answers a GET of an object's last N bytes (Azure refuses one).
+    suffix_ranges: bool,
     /// Objects larger than this go up as multipart uploads (`--multipart-above`).
     multipart_above: u64,
     store: Arc<dyn ObjectStore>,
@@ -158,6 +160,7 @@ impl ObjectBacked {
         Ok(ObjectBacked {
             url: url.to_string(),
             by_version: parsed.scheme() == "gs",
+            suffix_ranges: !matches!(parsed.scheme(), "az" | "abfs" | "abfss"),
             multipart_above: DEFAULT_MULTIPART_ABOVE,
             store,
             prefix: prefix.as_ref().trim_end_matches('/').to_string(),
@@ -386,23 +389,62 @@ impl ObjectBacked {
         key: &Path,
         range: Option<GetRange>,
     ) -> Result<Option<(Bytes, ObjectInfo, Range<u64>)>, StoreError> {
-        self.get_at_most(key, range, u64::MAX)
-    }
-
-    /// As `get_range`, refusing (EFBIG) before the body is read when more than `limit`
-    /// bytes would come.
-    fn get_at_most(
-        &self,
-        key: &Path,
-        range: Option<GetRange>,
-        limit: u64,
-    ) -> Result<Option<(Bytes, ObjectInfo, Range<u64>)>, StoreError> {
-        self.count(&self.requests.get);
-        let path = self.path(key)?;
         let options = GetOptions {
             range,
             ..GetOptions::default()
         };
+        self.get_at_most(key, options, u64::MAX)
+    }
+
+    /// The HEAD of `key`: `None` when it is not there.
+    fn head(&self, key: &Path) -> Result<Option<ObjectInfo>, StoreError> {
+        self.count(&self.requests.head);
+        match self.runtime.block_on(self.store.head(&self.path(key)?)) {
+            Ok(meta) => Ok(Some(info_of(&meta, self.by_version))),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(to_io(e).into()),
+        }
+    }
+
+    /// The last `tail` bytes of `key` (all of a smaller object) and its version.
+    fn get_tail(&self, key: &Path, tail: u64) -> Result<Option<(Bytes, ObjectInfo)>, StoreError> {
+        if self.suffix_ranges {
+            let got = self.get_range(key, Some(GetRange::Suffix(tail)));
+            return got.map(|o| o.map(|(bytes, info, _)| (bytes, info)));
+        }
+        // Its size first, then a bounded range of the version that HEAD saw: a version
+        // put in between fails the condition, and the HEAD is asked again.
+        for _ in 0..3 {
+            let Some(info) = self.head(key)? else {
+                return Ok(None);
+            };
+            if info.size == 0 {
+                return Ok(Some((Bytes::new(), info)));
+            }
+            let options = GetOptions {
+                range: Some(GetRange::Bounded(info.size.saturating_sub(tail)..info.size)),
+                if_match: etag(&info),
+                version: info.tag.strip_prefix("version:").map(str::to_string),
+                ..GetOptions::default()
+            };
+            match self.get_at_most(key, options, u64::MAX) {
+                Err(StoreError::Io(e)) if e.raw_os_error() == Some(libc::ESTALE) => continue,
+                got => return got.map(|o| o.map(|(bytes, info, _)| (bytes, info))),
+            }
+        }
+        Err(io::Error::from_raw_os_error(libc::ESTALE).into())
+    }
+
+    /// A GET with `options`, refusing (EFBIG) before the body is read when more than
+    /// `limit` bytes would come. A condition that fails is ESTALE.
+    fn get_at_most(
+        &self,
+        key: &Path,
+        options: GetOptions,
+        limit: u64,
+    ) -> Result<Option<(Bytes, ObjectInfo, Range<u64>)>, StoreError> {
+        self.count(&self.requests.get);
+        let path = self.path(key)?;
         let got = self.runtime.block_on(async {
             let r = self.store.get_opts(&path, options).await?;
             let (meta, range) = (r.meta.clone(), r.range.clone());
@@ -417,6 +459,9 @@ impl ObjectBacked {
             }
             Ok(None) => Err(io::Error::from_raw_os_error(libc::EFBIG).into()),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(object_store::Error::Precondition { .. }) => {
+                Err(io::Error::from_raw_os_error(libc::ESTALE).into())
+            }
             Err(e) => Err(to_io(e).into()),
         }
     }
@@ -425,29 +470,21 @@ impl ObjectBacked {
 impl Store for ObjectBacked {
     fn open(&self, key: &Path, tail: u64) -> Result<Option<Arc<dyn Blob>>, StoreError> {
         let (bytes, info) = if tail == 0 {
-            self.count(&self.requests.head);
-            match self.runtime.block_on(self.store.head(&self.path(key)?)) {
-                Ok(meta) => (Bytes::new(), info_of(&meta, self.by_version)),
-                Err(object_store::Error::NotFound { .. }) => return Ok(None),
-                Err(e) => return Err(to_io(e).into()),
+            match self.head(key)? {
+                Some(info) => (Bytes::new(), info),
+                None => return Ok(None),
             }
         } else {
-            match self.get_range(key, Some(GetRange::Suffix(tail))) {
-                Ok(Some((bytes, info, _))) => (bytes, info),
+            match self.get_tail(key, tail) {
+                Ok(Some(got)) => got,
                 Ok(None) => return Ok(None),
                 // An empty object has no suffix to return: a HEAD tells. Any other failure
                 // stands (never a GET of a whole shard in its place).
-                Err(e) => {
-                    self.count(&self.requests.head);
-                    match self.runtime.block_on(self.store.head(&self.path(key)?)) {
-                        Ok(meta) if meta.size == 0 => {
-                            (Bytes::new(), info_of(&meta, self.by_version))
-                        }
-                        Ok(_) => return Err(e),
-                        Err(object_store::Error::NotFound { .. }) => return Ok(None),
-                        Err(_) => return Err(e),
-                    }
-                }
+                Err(e) => match self.head(key) {
+                    Ok(Some(info)) if info.size == 0 => (Bytes::new(), info),
+                    Ok(None) => return Ok(None),
+                    _ => return Err(e),
+                },
             }
         };
         Ok(Some(Arc::new(ObjectBlob {
@@ -462,7 +499,7 @@ impl Store for ObjectBacked {
 
     fn get(&self, key: &Path, limit: u64) -> Result<Option<(Bytes, ObjectInfo)>, StoreError> {
         Ok(self
-            .get_at_most(key, None, limit)?
+            .get_at_most(key, GetOptions::default(), limit)?
             .map(|(bytes, info, _)| (bytes, info)))
     }
 

@@ -83,8 +83,12 @@ def done():
 
 
 def native_store(url):
+    """The bucket (container) at the server `url`: an S3 endpoint, or `azurite:ENDPOINT`."""
     import obstore.store
     import zarr.storage
+    if url.startswith("azurite:"):
+        os.environ["AZURITE_BLOB_STORAGE_URL"] = url[len("azurite:"):]
+        return zarr.storage.ObjectStore(obstore.store.AzureStore(BUCKET, use_emulator=True))
     return zarr.storage.ObjectStore(obstore.store.S3Store(
         BUCKET, endpoint=url, access_key_id="testing", secret_access_key="testing",
         region="us-east-1", client_options={"allow_http": True}))
