@@ -58,3 +58,21 @@ fn version_completions_and_manual() {
     assert!(page.contains(".TH shardfs 1"), "{page}");
     assert!(page.contains("flush"), "{page}");
 }
+
+/// Issue 19, defect 6: `--multipart-above 1K` was raised to 16 MiB without a word. A value
+/// no upload can use is refused, saying the bounds.
+#[test]
+fn a_multipart_threshold_outside_its_bounds_is_refused() {
+    for size in ["1K", "15M", "6G"] {
+        let out = shardfs(&[
+            "mount",
+            "s3://b/p",
+            "/nonexistent",
+            "--multipart-above",
+            size,
+        ]);
+        assert_eq!(out.status.code(), Some(2), "{size}: {out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("outside 16M..5G"), "{size}: {err}");
+    }
+}

@@ -114,8 +114,9 @@ struct MountArgs {
     #[arg(long, visible_alias = "journal-dir")]
     cache_dir: Option<PathBuf>,
     /// For an object store: shards larger than this are written as multipart uploads
-    /// (which, unlike a single PUT, cannot be made conditional; suffixes K, M, G).
-    #[arg(long, default_value = "4G", value_parser = parse_size)]
+    /// (which, unlike a single PUT, cannot be made conditional; suffixes K, M, G); from
+    /// 16M (the size of a part) to 5G (the most one PUT may carry).
+    #[arg(long, default_value = "4G", value_parser = parse_multipart_above)]
     multipart_above: u64,
     /// Where to show it.
     mountpoint: PathBuf,
@@ -216,6 +217,20 @@ fn parse_size(s: &str) -> Result<u64, String> {
         .map_err(|_| format!("{s:?} is not a size (a number, optionally with K, M, G or T)"))?;
     n.checked_mul(1 << shift)
         .ok_or_else(|| format!("{s:?} is too large"))
+}
+
+/// `--multipart-above`: a size a multipart upload can be cut into and a single PUT can
+/// carry, refused otherwise (a value silently changed would not be what was asked).
+fn parse_multipart_above(s: &str) -> Result<u64, String> {
+    use crate::store::object::{MOST_IN_ONE_PUT, PART_BYTES};
+    let n = parse_size(s)?;
+    if !(PART_BYTES..=MOST_IN_ONE_PUT).contains(&n) {
+        return Err(format!(
+            "{s:?} is outside 16M..5G: each part of an upload but the last is 16 MiB, and one \
+             PUT carries at most 5 GiB"
+        ));
+    }
+    Ok(n)
 }
 
 fn report_daemon(result: Result<(), crate::daemon::DaemonError>) -> ExitCode {

@@ -32,7 +32,10 @@ use crate::shard::ReadAt;
 pub const DEFAULT_MULTIPART_ABOVE: u64 = 4 << 30;
 
 /// The size of each part but the last (S3 wants at least 5 MiB).
-const PART_BYTES: u64 = 16 << 20;
+pub const PART_BYTES: u64 = 16 << 20;
+
+/// The most one PUT may carry (S3's limit).
+pub const MOST_IN_ONE_PUT: u64 = 5 << 30;
 
 /// How long one request may take, retries included, before it fails with EIO: a server
 /// that is gone must not wedge the filesystem.
@@ -195,9 +198,10 @@ impl ObjectBacked {
         Ok(current)
     }
 
-    /// Objects larger than `bytes` are written as multipart uploads.
+    /// Objects larger than `bytes` are written as multipart uploads (`bytes` is checked
+    /// by the command line to lie between `PART_BYTES` and `MOST_IN_ONE_PUT`).
     pub fn with_multipart_above(mut self, bytes: u64) -> ObjectBacked {
-        self.multipart_above = bytes.max(PART_BYTES);
+        self.multipart_above = bytes.clamp(PART_BYTES, MOST_IN_ONE_PUT);
         self
     }
 
