@@ -723,3 +723,112 @@ print(rounds)
     assert!(rounds > 100, "only {rounds} rounds raced");
     common::assert_ok(&m.unmount(&[]), "unmount");
 }
+
+/// Bob's array `varr` and alice's `aarr` (each with chunks 0..3 and flushed), in a
+/// directory anyone may write; returns what bob's shard and document hold.
+fn two_arrays_in_open(backing: &Path, m: &Mounted) -> (Vec<u8>, Vec<u8>) {
+    let open = backing.join("open");
+    fs::create_dir(&open).unwrap();
+    fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).unwrap();
+    let line = common::LINE_ARRAY.replace('\n', "");
+    for (uid, name) in [(BOB, "varr"), (ALICE, "aarr")] {
+        let script = format!(
+            "mkdir {name} && printf '%s' '{line}' > {name}/zarr.json && mkdir {name}/c && \
+             for k in 0 1 2 3; do head -c16 /dev/zero > {name}/c/$k; done"
+        );
+        ok(&as_user(uid, &m.path("open"), &script), name);
+    }
+    common::assert_ok(
+        &common::shardfs(&["flush", m.mountpoint.to_str().unwrap()]),
+        "flush",
+    );
+    (
+        fs::read(open.join("varr/c/0")).unwrap(),
+        fs::read(open.join("varr/zarr.json")).unwrap(),
+    )
+}
+
+/// From the third review of the by-path fixes (1, 5, 6 and the chunk operations): what
+/// alice had open in her array, or cached of it, went into bob's array once his directory
+/// was renamed in at its path: a chunk written through a handle opened before, a file held
+/// in memory written out there, a `zarr.json` committed there at close, a truncation.
+#[test]
+fn what_was_open_in_an_array_never_lands_in_one_swapped_in() {
+    let (_d, backing, m) = shared_mount();
+    let (shard, doc) = two_arrays_in_open(&backing, &m);
+    let attack = r#"
+import os, sys
+mnt, b = sys.argv[1], sys.argv[2]
+a = os.path.join(mnt, "aarr")
+chunk = os.open(os.path.join(a, "c/0"), os.O_WRONLY)
+notes = os.open(os.path.join(a, "notes.txt"), os.O_WRONLY | os.O_CREAT, 0o644)
+os.write(notes, b"alice")
+doc = os.open(os.path.join(a, "zarr.json"), os.O_WRONLY | os.O_TRUNC)
+os.stat(os.path.join(a, "c/1"))
+os.rename(os.path.join(b, "aarr"), os.path.join(b, "aarr.old"))
+os.rename(os.path.join(b, "varr"), os.path.join(b, "aarr"))
+landed = []
+def attempt(what, f):
+    try:
+        f()
+        landed.append(what)
+    except OSError:
+        pass
+attempt("chunk write", lambda: os.pwrite(chunk, b"X" * 16, 0))
+attempt("chunk close", lambda: os.close(chunk))
+attempt("notes fsync", lambda: os.fsync(notes))
+attempt("doc write", lambda: os.write(doc, open(os.path.join(b, "aarr.old/zarr.json"), "rb").read().replace(b"{}", b"{\"pwned\": 1}")))
+attempt("doc close", lambda: os.close(doc))
+attempt("truncate", lambda: os.truncate(os.path.join(a, "c/1"), 0))
+print(" ".join(x.replace(" ", "_") for x in landed))
+"#;
+    let script = format!(
+        "/usr/bin/python3 -c '{attack}' {} {}",
+        m.path("open").display(),
+        backing.join("open").display()
+    );
+    let out = as_user(ALICE, &m.path("open"), &script);
+    ok(&out, "alice's attempts");
+    eprintln!("accepted: {}", common::stdout(&out));
+    let _ = common::shardfs(&["flush", m.mountpoint.to_str().unwrap()]);
+    let bobs = backing.join("open/aarr");
+    assert_eq!(fs::read(bobs.join("c/0")).unwrap(), shard, "bob's shard");
+    assert_eq!(
+        fs::read(bobs.join("zarr.json")).unwrap(),
+        doc,
+        "bob's zarr.json"
+    );
+    assert!(
+        !bobs.join("notes.txt").exists(),
+        "alice's file in bob's array"
+    );
+    let _ = m.unmount(&["--give-up"]);
+}
+
+/// From the third review (2, 3): a file moved from a directory swapped in into an array
+/// was removed as root (bob's file became alice's chunk), and a chunk moved out onto a
+/// name in such a directory replaced bob's file.
+#[test]
+fn a_move_between_an_array_and_a_directory_swapped_in_is_refused() {
+    let (_d, backing, m) = shared_mount();
+    let vdir = bobs_dir_in_open(&backing, "vdir");
+    plant(&vdir.join("g"), BOB, BOB, 0o600, b"bob's g");
+    let open = m.path("open");
+    let line = common::LINE_ARRAY.replace('\n', "");
+    let setup = format!(
+        "mkdir adir && ls adir && stat adir && mkdir arr && printf '%s' '{line}' > arr/zarr.json \
+         && mkdir arr/c && head -c16 /dev/zero > arr/c/1"
+    );
+    ok(
+        &as_user(ALICE, &open, &setup),
+        "alice's directory and array",
+    );
+    fs::rename(backing.join("open/adir"), backing.join("open/adir.old")).unwrap();
+    fs::rename(&vdir, backing.join("open/adir")).unwrap();
+    let attempts = "mv adir/vfile arr/c/0; mv arr/c/1 adir/g; true";
+    ok(&as_user(ALICE, &open, attempts), "alice tries");
+    let bobs = backing.join("open/adir");
+    assert_eq!(fs::read(bobs.join("vfile")).unwrap(), b"bob's");
+    assert_eq!(fs::read(bobs.join("g")).unwrap(), b"bob's g");
+    common::assert_ok(&m.unmount(&[]), "unmount");
+}

@@ -230,6 +230,7 @@ impl ShardFs {
             info!(file = %rel.display(), "abandoned lock file dropped");
             return Ok(());
         }
+        self.still_where_made(file)?;
         let segments = file.snapshot().data.segments();
         let written = self.write_whole(rel, &segments, durable, file.maker())?;
         self.drop_temp_if(rel, file);
@@ -293,6 +294,7 @@ impl ShardFs {
             return self.persist_temp_if_there(rel, file, false);
         }
         let _gate = self.gate.exclusive();
+        self.still_where_made(file)?;
         let data = file.snapshot().data;
         let dir = rel.parent().unwrap_or(Path::new("")).to_path_buf();
         match self.commit_metadata(&dir, &data.read(0, data.len())) {

@@ -59,6 +59,9 @@ pub struct FileHandle {
     /// never by its path: someone who may write the directory could have put another
     /// user's file there.
     pub went_to: std::sync::OnceLock<File>,
+    /// The array a chunk was opened to be written in (its writer's permission checked on
+    /// that directory): writes through the handle go to no other.
+    pub array: std::sync::OnceLock<Arc<super::array::ArrayState>>,
 }
 
 impl FileHandle {
@@ -71,6 +74,7 @@ impl FileHandle {
             as_chunk: std::sync::atomic::AtomicBool::new(false),
             stored: Mutex::new(None),
             went_to: std::sync::OnceLock::new(),
+            array: std::sync::OnceLock::new(),
             bytes: None,
             dirty: Mutex::new(None),
         }

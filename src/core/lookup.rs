@@ -668,12 +668,8 @@ impl ShardFs {
             NodeKind::Chunk { array, coords } => {
                 if writable {
                     // A chunk's mode is its array's (its directory's, really there).
-                    let caller = super::namespace::Caller {
-                        uid: by.uid,
-                        gid: by.gid,
-                        pid: by.pid,
-                    };
-                    self.may_write_array(array, caller)?;
+                    self.may_write_array(array, super::namespace::Caller::asking(by))?;
+                    let _ = handle.array.set(array.clone());
                 }
                 self.open_chunk(array, coords, truncate, &mut handle)?;
                 (true, false)
@@ -791,7 +787,7 @@ impl ShardFs {
     fn start_temp(&self, info: &NodeInfo, content: FileData) -> Arc<MemFile> {
         let file = Arc::new(MemFile::new(content, 0o644));
         self.shards.charge(file.len() as i64);
-        if let Some(old) = self.temps.insert_file(&info.rel, file.clone()) {
+        if let Some(old) = self.hold_file(&info.rel, &file) {
             self.shards.charge(-(old.len() as i64));
         }
         self.inodes.set_kind(info.ino, NodeKind::Temp(file.clone()));

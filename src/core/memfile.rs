@@ -191,6 +191,10 @@ pub struct MemState {
     /// The chunk key it was renamed from, whose removal is journaled with its content
     /// (`ShardRegistry::journal_moves`): a crash must not find it under both names.
     pub moved_from: Option<(std::sync::Arc<super::array::ArrayState>, Vec<u64>)>,
+    /// The directory it was made in (the nearest one BACKING had, and its device and
+    /// inode), for when it is written there: a directory put at that path since is not
+    /// where it was made, and may be another user's.
+    pub made_in: Option<(std::path::PathBuf, u64, u64)>,
 }
 
 /// Nanoseconds since the epoch, now.
@@ -218,6 +222,7 @@ impl MemFile {
                 mode,
                 owner: None,
                 persist_failed: false,
+                made_in: None,
             }),
         }
     }

@@ -84,6 +84,15 @@ impl Caller {
         }
     }
 
+    /// The caller `asker` describes.
+    pub fn asking(asker: crate::backing::Asker) -> Caller {
+        Caller {
+            uid: asker.uid,
+            gid: asker.gid,
+            pid: asker.pid,
+        }
+    }
+
     /// As BACKING's permission checks know it.
     pub fn asker(self) -> crate::backing::Asker {
         crate::backing::Asker {
@@ -295,7 +304,7 @@ impl ShardFs {
             mode: mode & 0o7777,
         };
         let file = Arc::new(MemFile::new(FileData::default(), mode & 0o7777).owned_by(owner));
-        if let Some(old) = self.temps.insert_file(rel, file.clone()) {
+        if let Some(old) = self.hold_file(rel, &file) {
             self.shards.charge(-(old.len() as i64));
         }
         Ok(NodeKind::Temp(file))
@@ -412,7 +421,7 @@ impl ShardFs {
             }
             Place::Temp(rel) => {
                 self.shards.charge(file.len() as i64);
-                if let Some(old) = self.temps.insert_file(rel, file.clone()) {
+                if let Some(old) = self.hold_file(rel, &file) {
                     self.shards.charge(-(old.len() as i64));
                 }
                 Ok(NodeKind::Temp(file))
@@ -1151,7 +1160,11 @@ impl ShardFs {
             NodeKind::Chunk { array, .. }
             | NodeKind::ChunkDir { array, .. }
             | NodeKind::ArrayMeta(array) => self.may_write_array(array, by),
-            NodeKind::Temp(_) => self.may_change_in(rel.parent().unwrap_or(Path::new("")), by),
+            // (A plain name is changed as the caller too; a file moved into an array is
+            // removed by the mount.)
+            NodeKind::Temp(_) | NodeKind::File | NodeKind::Symlink | NodeKind::Other => {
+                self.may_change_in(rel.parent().unwrap_or(Path::new("")), by)
+            }
             _ => Ok(()),
         }
     }
@@ -1162,13 +1175,20 @@ impl ShardFs {
             Place::Chunk(array, _) | Place::KeyDir(array, _, _) => self.may_write_array(array, by),
             Place::Temp(rel) => self.may_change_in(rel.parent().unwrap_or(Path::new("")), by),
             Place::Meta(dir) => self.may_change_in(dir, by),
-            Place::Plain(_) | Place::Extra(_) => Ok(()),
+            // (Made as the caller when made in place; content moved out of an array is
+            // written there by the mount.)
+            Place::Plain(rel) | Place::Extra(rel) => {
+                self.may_change_in(rel.parent().unwrap_or(Path::new("")), by)
+            }
         }
     }
 
     /// Whether `by` may change the names of `array`, on the directory that holds it.
+    /// The directory must still be at the array's path (the mount writes its shards by
+    /// path): ESTALE otherwise, and the kernel looks the name up again.
     pub(crate) fn may_write_array(&self, array: &ArrayState, by: Caller) -> Result<(), FsError> {
         let owner = match &array.dir {
+            Some(held) if !held.is_at(&self.backing, &array.rel) => return Err(FsError::Stale),
             Some(held) => held.owner()?,
             None => self.owner_now(&array.rel)?,
         };
@@ -1176,15 +1196,59 @@ impl ShardFs {
         Ok(())
     }
 
-    /// Whether `by` may change the names of the BACKING directory `rel`.
+    /// Whether `by` may change the names of the BACKING directory `rel`: of the nearest
+    /// directory above it that BACKING has (a key directory not made yet is its array's,
+    /// which has its owner and mode).
     fn may_change_in(&self, rel: &Path, by: Caller) -> Result<(), FsError> {
-        crate::backing::may_change_dir(self.owner_now(rel)?, by.asker())?;
+        let mut dir = rel;
+        let owner = loop {
+            match self.backing.stat(dir)? {
+                Some(meta) => break crate::backing::FileOwner::of(&meta),
+                None => dir = dir.parent().ok_or(FsError::NotFound)?,
+            }
+        };
+        crate::backing::may_change_dir(owner, by.asker())?;
         Ok(())
     }
 
     fn owner_now(&self, rel: &Path) -> Result<crate::backing::FileOwner, FsError> {
         let meta = self.backing.stat(rel)?.ok_or(FsError::NotFound)?;
         Ok(crate::backing::FileOwner::of(&meta))
+    }
+
+    /// Holds `file` in memory at `rel`, noting the directory it is made in (`MemState::
+    /// made_in`). Returns the file it replaces there.
+    pub(crate) fn hold_file(&self, rel: &Path, file: &Arc<MemFile>) -> Option<Arc<MemFile>> {
+        let mut dir = rel.parent();
+        while let Some(d) = dir {
+            if let Ok(Some(m)) = self.backing.stat(d) {
+                use std::os::unix::fs::MetadataExt;
+                file.with(|s| s.made_in = Some((d.to_path_buf(), m.dev(), m.ino())));
+                break;
+            }
+            dir = d.parent();
+        }
+        self.temps.insert_file(rel, file.clone())
+    }
+
+    /// Whether the directory `file` was made in is still at its path: a file held in
+    /// memory is written there as root, and a directory put there since (renamed in by
+    /// whoever may write the one above) is not where its maker could write.
+    pub(crate) fn still_where_made(&self, file: &MemFile) -> Result<(), FsError> {
+        let Some((dir, dev, ino)) = file.with(|s| s.made_in.clone()) else {
+            return Ok(());
+        };
+        let now = self.backing.stat(&dir)?;
+        let same = now.is_some_and(|m| {
+            use std::os::unix::fs::MetadataExt;
+            (m.dev(), m.ino()) == (dev, ino)
+        });
+        if !same {
+            warn!(dir = %self.backing.path(&dir).display(),
+                "a file held in memory is not written: the directory it was made in was replaced since");
+            return Err(FsError::Stale);
+        }
+        Ok(())
     }
 
     /// Does `change` in BACKING as `caller` (`backing::as_user`): what it makes is theirs

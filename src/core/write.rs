@@ -155,6 +155,13 @@ impl ShardFs {
             // Never by its path: whatever is there now may be someone else's file.
             return Err(FsError::Stale);
         }
+        // One open writes one array: the array at the path now, if another directory was
+        // put there since the open checked the writer's permission, is not this one.
+        if let (NodeKind::Chunk { array, .. }, Some(opened)) = (&info.kind, h.array.get())
+            && !opened.same_directory(array)
+        {
+            return Err(FsError::Stale);
+        }
         check_size(&info.rel, offset.checked_add(data.len() as u64))?;
         let segment = Bytes::copy_from_slice(data);
         self.change_file(Some(h), &info.kind, |d| d.write(offset, segment.clone()))?;
@@ -226,6 +233,7 @@ impl ShardFs {
                     return Ok(());
                 }
                 let _gate = self.gate.exclusive();
+                self.still_where_made(f)?;
                 let content = f.snapshot().data;
                 let bytes: Vec<u8> = content.read(0, content.len());
                 let dir = info.rel.parent().unwrap_or(Path::new("")).to_path_buf();
@@ -409,8 +417,12 @@ impl ShardFs {
             | NodeKind::Symlink
             | NodeKind::Other => self.set_backing_attr(&info.rel, set)?,
             NodeKind::Temp(_) => self.set_held_attr(&info, set)?,
-            NodeKind::Chunk { .. } => {
+            NodeKind::Chunk { array, .. } => {
                 self.same_owner(ino, &info.rel, set, Rule::ChunkOwnership)?;
+                if set.change.size.is_some() {
+                    // A truncation writes the chunk: checked as an open to write is.
+                    self.may_write_array(array, super::namespace::Caller::asking(set.by))?;
+                }
                 self.set_held_attr(&info, set)?;
             }
             // A translated document is BACKING's file, shown with another content.
