@@ -832,3 +832,78 @@ fn a_move_between_an_array_and_a_directory_swapped_in_is_refused() {
     assert_eq!(fs::read(bobs.join("g")).unwrap(), b"bob's g");
     common::assert_ok(&m.unmount(&[]), "unmount");
 }
+
+/// From the fourth review of the by-path fixes (1): a shard write checked that its
+/// array's directory was at its path, then wrote by that path: alice, exchanging her
+/// array's directory with bob's in a tight loop while writing and removing her chunks, had
+/// her shards land in his array. The shard is written in the directory it was checked in.
+#[test]
+fn a_shard_write_racing_an_exchange_of_arrays_stays_in_its_own() {
+    let (_d, backing, m) = shared_mount();
+    let (shard, doc) = two_arrays_in_open(&backing, &m);
+    let race = r#"
+import ctypes, os, sys, threading
+libc = ctypes.CDLL(None, use_errno=True)
+mnt, b = sys.argv[1], sys.argv[2]
+a, v = (b + "/aarr").encode(), (b + "/varr").encode()
+stop = []
+def swap():
+    while not stop:
+        libc.renameat2(-100, a, -100, v, 2)
+t = threading.Thread(target=swap)
+t.start()
+for r in range(150):
+    for k in range(4):
+        try:
+            with open(os.path.join(mnt, "aarr/c/%d" % k), "wb") as f:
+                f.write(b"A" * 16)
+        except OSError:
+            pass
+    try:
+        os.unlink(os.path.join(mnt, "aarr/c/%d" % (r % 4)))
+    except OSError:
+        pass
+stop.append(1)
+t.join()
+if os.stat(b + "/aarr").st_uid != os.getuid():
+    libc.renameat2(-100, a, -100, v, 2)
+"#;
+    let script = format!(
+        "/usr/bin/python3 -c '{race}' {} {}",
+        m.path("open").display(),
+        backing.join("open").display()
+    );
+    ok(&as_user(ALICE, &m.path("open"), &script), "alice races");
+    let _ = common::shardfs(&["flush", m.mountpoint.to_str().unwrap()]);
+    let bobs = backing.join("open/varr");
+    assert_eq!(owner(&bobs).0, BOB, "the arrays were not put back");
+    assert!(
+        fs::read(bobs.join("c/0")).unwrap() == shard,
+        "bob's shard changed: {}",
+        m.log_text()
+    );
+    assert_eq!(fs::read(bobs.join("zarr.json")).unwrap(), doc);
+    let _ = m.unmount(&["--give-up"]);
+}
+
+/// From the fourth review (2): a hard link of a chunk is a copy of it, and was made from
+/// whatever array was at the path the kernel had cached: alice copied a chunk of bob's
+/// 0700 array, renamed in at her array's path, into her own directory.
+#[test]
+fn a_link_of_a_chunk_reads_only_what_its_maker_may() {
+    let (_d, backing, m) = shared_mount();
+    two_arrays_in_open(&backing, &m);
+    let open = backing.join("open");
+    fs::set_permissions(open.join("varr"), fs::Permissions::from_mode(0o700)).unwrap();
+    ok(
+        &as_user(ALICE, &m.path("open"), "stat aarr/c/1 >/dev/null"),
+        "alice caches her chunk",
+    );
+    fs::rename(open.join("aarr"), open.join("aarr.old")).unwrap();
+    fs::rename(open.join("varr"), open.join("aarr")).unwrap();
+    let home = m.path(&ALICE.to_string());
+    let linked = as_user(ALICE, &home, "ln ../open/aarr/c/1 stolen");
+    assert!(!linked.status.success(), "{linked:?}");
+    assert!(!backing.join(ALICE.to_string()).join("stolen").exists());
+    common::assert_ok(&m.unmount(&[]), "unmount");
+}

@@ -49,6 +49,24 @@ pub enum Durability {
     Now,
 }
 
+/// The array directory a key lies below: the write never makes it (one moved away
+/// meanwhile fails the write instead of being made again at its old path), and when its
+/// device and inode are known (`dir`), the key's directory must be in that very
+/// directory, whatever is at its path by then (ESTALE otherwise): someone who may rename
+/// directories above the array could have put another user's array there.
+#[derive(Clone, Copy, Debug)]
+pub struct Within<'a> {
+    pub rel: &'a Path,
+    pub dir: Option<(u64, u64)>,
+}
+
+impl<'a> Within<'a> {
+    /// Below `rel`, whichever directory is there.
+    pub fn path(rel: &'a Path) -> Within<'a> {
+        Within { rel, dir: None }
+    }
+}
+
 /// An exclusive lock on one key of BACKING, held until dropped.
 #[derive(Debug)]
 pub struct KeyLock {
@@ -64,15 +82,21 @@ pub struct KeyLock {
 impl Backing {
     /// Takes the lock of `rel` (its directory is made if needed).
     pub fn lock_key(&self, rel: &Path) -> io::Result<KeyLock> {
-        self.lock_key_within(rel, Path::new(""))
+        self.lock_key_within(rel, Within::path(Path::new("")))
     }
 
     /// `lock_key`, for a key below `within`, which it never makes
     /// (`Backing::create_dir_all_within`).
-    pub fn lock_key_within(&self, rel: &Path, within: &Path) -> io::Result<KeyLock> {
+    pub fn lock_key_within(&self, rel: &Path, within: Within) -> io::Result<KeyLock> {
         let (dir_rel, name) = split(rel)?;
-        self.create_dir_all_within(dir_rel, within)?;
+        self.create_dir_all_within(dir_rel, within.rel)?;
         let dir = self.dir(dir_rel)?;
+        if let Some(id) = within.dir {
+            let depth = dir_rel
+                .strip_prefix(within.rel)
+                .map_or(0, |below| below.components().count());
+            check_ancestor(&dir, depth, id)?;
+        }
         let lock_name = lock_name(name);
         let start = Instant::now();
         let mut replaced = 0;
@@ -120,7 +144,43 @@ impl Backing {
     }
 }
 
+/// Whether the directory `depth` levels above `dir` (itself at 0) is `id` (device,
+/// inode). The key's directory is open: what is above it now is where the write lands.
+fn check_ancestor(dir: &OwnedFd, depth: usize, id: (u64, u64)) -> io::Result<()> {
+    let mut at = rustix::io::dup(dir).map_err(errno)?;
+    for _ in 0..depth {
+        let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        at = rustix::fs::openat(&at, "..", flags, Mode::empty()).map_err(errno)?;
+    }
+    let st = rustix::fs::fstat(&at).map_err(errno)?;
+    if (st.st_dev, st.st_ino) != id {
+        return Err(io::Error::from_raw_os_error(libc::ESTALE));
+    }
+    Ok(())
+}
+
 impl KeyLock {
+    /// The key's file now, if there is one (a regular file), opened in the locked
+    /// directory (never by a path from BACKING's root).
+    pub fn current(&self) -> io::Result<Option<File>> {
+        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+        match rustix::fs::openat(&self.dir, self.name.as_os_str(), flags, Mode::empty()) {
+            Ok(fd) => {
+                let file = File::from(fd);
+                Ok(file.metadata()?.is_file().then_some(file))
+            }
+            Err(rustix::io::Errno::NOENT) => Ok(None),
+            Err(e) => Err(errno(e)),
+        }
+    }
+
+    /// Makes the file `from` (a path below BACKING's root, on its file system) the key, by
+    /// a rename into the locked directory.
+    pub fn take_from(&self, backing: &Backing, from: &Path) -> io::Result<()> {
+        rustix::fs::renameat(&backing.root_fd, from, &self.dir, self.name.as_os_str())
+            .map_err(errno)
+    }
+
     /// Makes `buffers` the content of the key: written into the lock file, synced as
     /// `durability` asks, renamed onto the key. Returns the new file's metadata.
     /// Returns the new file's metadata and inode generation (`super::generation`).

@@ -31,7 +31,7 @@ pub use beneath::EntryKind;
 use beneath::{errno, split};
 pub use held::{DirNow, HeldDir};
 pub use owner::FileOwner;
-pub use pinned::{Asker, AttrChange, may_change_dir, may_open};
+pub use pinned::{Asker, AttrChange, may_change_dir, may_open, may_use_dir};
 
 /// What identifies one version of a file: a rewrite (new inode by rename, or new size or
 /// mtime in place) changes it.
@@ -620,7 +620,8 @@ mod within_tests {
         let gone = b.create_dir_all_within(Path::new("moved/c/1"), Path::new("moved"));
         assert_eq!(gone.unwrap_err().kind(), io::ErrorKind::NotFound);
         assert!(!dir.join("moved").exists());
-        let lock = b.lock_key_within(Path::new("moved/c/0"), Path::new("moved"));
+        let within = lock::Within::path(Path::new("moved"));
+        let lock = b.lock_key_within(Path::new("moved/c/0"), within);
         assert!(lock.is_err() && !dir.join("moved").exists());
         let _ = fs::remove_dir_all(&dir);
     }

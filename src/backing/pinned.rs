@@ -172,7 +172,13 @@ pub fn may_open(meta: &std::fs::Metadata, asker: Asker, read: bool, write: bool)
 /// Whether `asker` may add and remove names in a directory of `owner` (write and search
 /// permission), as the kernel would decide on the directory really there.
 pub fn may_change_dir(owner: super::FileOwner, asker: Asker) -> io::Result<()> {
-    match asker.uid == 0 || permits(owner.mode, owner.uid, owner.gid, asker, 0o3) {
+    may_use_dir(owner, asker, 0o3)
+}
+
+/// Whether `asker` has the permission bits `want` (4 read, 2 write, 1 search) on a
+/// directory of `owner`.
+pub fn may_use_dir(owner: super::FileOwner, asker: Asker, want: u32) -> io::Result<()> {
+    match asker.uid == 0 || permits(owner.mode, owner.uid, owner.gid, asker, want) {
         true => Ok(()),
         false => Err(io::Error::from_raw_os_error(libc::EACCES)),
     }

@@ -230,9 +230,17 @@ impl ShardFs {
         // A writer from creation to FLUSH: the content is not final meanwhile.
         let kind_is_chunk = matches!(kind, NodeKind::Chunk { .. });
         let written = self.write_target(&kind)?;
+        let made_in = match &kind {
+            NodeKind::Chunk { array, .. } => Some(array.clone()),
+            _ => None,
+        };
         let attr = self.enter(parent, name, kind)?;
         let mut handle = FileHandle::new(attr.ino, writable);
         handle.backing = backing_file;
+        // Writes through it go to the array it was made (and checked) in, and no other.
+        if let Some(array) = made_in {
+            let _ = handle.array.set(array);
+        }
         handle
             .as_chunk
             .store(kind_is_chunk, std::sync::atomic::Ordering::Relaxed);
@@ -1041,6 +1049,10 @@ impl ShardFs {
         let (dp, place, _shared) = self.place_held(newparent, newname)?;
         self.may_make_at(&place, by)?;
         let src = self.node(ino)?;
+        // A link of a chunk is a copy of it: read as the caller, in the array really there.
+        if let NodeKind::Chunk { array, .. } = &src.kind {
+            self.may_use_array(array, by, 0o5)?;
+        }
         if self.exists(&dp, newname)? {
             return Err(FsError::Exists);
         }
@@ -1187,12 +1199,18 @@ impl ShardFs {
     /// The directory must still be at the array's path (the mount writes its shards by
     /// path): ESTALE otherwise, and the kernel looks the name up again.
     pub(crate) fn may_write_array(&self, array: &ArrayState, by: Caller) -> Result<(), FsError> {
+        self.may_use_array(array, by, 0o3)
+    }
+
+    /// Whether `by` has the permission bits `want` on `array`'s directory (a chunk's
+    /// mode is its array's), which must still be at its path.
+    fn may_use_array(&self, array: &ArrayState, by: Caller, want: u32) -> Result<(), FsError> {
         let owner = match &array.dir {
             Some(held) if !held.is_at(&self.backing, &array.rel) => return Err(FsError::Stale),
             Some(held) => held.owner()?,
             None => self.owner_now(&array.rel)?,
         };
-        crate::backing::may_change_dir(owner, by.asker())?;
+        crate::backing::may_use_dir(owner, by.asker(), want)?;
         Ok(())
     }
 

@@ -114,7 +114,7 @@ pub trait Store: Send + Sync + Debug {
     /// of being made again at its old path. Stores without directories ignore it.
     fn put_within(
         &self,
-        _within: &Path,
+        _within: crate::backing::lock::Within,
         key: &Path,
         parts: &[Bytes],
         when: Precondition,
@@ -124,7 +124,7 @@ pub trait Store: Send + Sync + Debug {
     /// `delete`, for a key below `within` (as `put_within`).
     fn delete_within(
         &self,
-        _within: &Path,
+        _within: crate::backing::lock::Within,
         key: &Path,
         when: Precondition,
     ) -> Result<bool, StoreError> {

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::{Blob, Listing, ObjectInfo, Precondition, Store, StoreError};
-use crate::backing::lock::{Durability, LOCK_SUFFIX};
+use crate::backing::lock::{Durability, LOCK_SUFFIX, Within};
 use crate::backing::{Backing, EntryKind, is_absent, mtime_of};
 use crate::shard::ReadAt;
 
@@ -47,12 +47,12 @@ impl Store for Backing {
         parts: &[Bytes],
         when: Precondition,
     ) -> Result<ObjectInfo, StoreError> {
-        self.put_within(Path::new(""), key, parts, when)
+        self.put_within(Within::path(Path::new("")), key, parts, when)
     }
 
     fn put_within(
         &self,
-        within: &Path,
+        within: Within,
         key: &Path,
         parts: &[Bytes],
         when: Precondition,
@@ -68,12 +68,12 @@ impl Store for Backing {
     }
 
     fn delete(&self, key: &Path, when: Precondition) -> Result<bool, StoreError> {
-        self.delete_within(Path::new(""), key, when)
+        self.delete_within(Within::path(Path::new("")), key, when)
     }
 
     fn delete_within(
         &self,
-        within: &Path,
+        within: Within,
         key: &Path,
         when: Precondition,
     ) -> Result<bool, StoreError> {
@@ -111,18 +111,16 @@ impl Backing {
     /// nobody who follows the protocol changes it before the write that follows.
     fn locked_if(
         &self,
-        within: &Path,
+        within: Within,
         key: &Path,
         when: &Precondition,
     ) -> Result<(crate::backing::lock::KeyLock, Option<Metadata>), StoreError> {
         let lock = self.lock_key_within(key, within)?;
-        let current = self.stat(key)?.filter(Metadata::is_file);
-        let tag = match &current {
-            Some(_) => match Backing::open(self, key) {
-                Ok(f) => Some(file_info(&f)?.tag),
-                Err(e) if is_absent(&e) => None,
-                Err(e) => return Err(e.into()),
-            },
+        // In the locked directory: the one checked, whatever is at its path now.
+        let file = lock.current()?;
+        let current = file.as_ref().map(File::metadata).transpose()?;
+        let tag = match &file {
+            Some(f) => Some(file_info(f)?.tag),
             None => None,
         };
         if !when.holds(tag.as_deref()) {

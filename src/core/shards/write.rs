@@ -20,6 +20,7 @@ use super::stored::{OpenShard, StoredIndex, open_shard};
 use super::whereabouts::Whereabouts;
 use super::{Failure, ShardRegistry, ShardSlot};
 use crate::backing::Backing;
+use crate::backing::lock::Within;
 use crate::errno::ToErrno;
 use crate::journal::Journal;
 use crate::journal::RecordRef;
@@ -166,7 +167,10 @@ impl ShardRegistry {
                 let job = ShardJob {
                     backing,
                     moved,
-                    within: &array.rel,
+                    within: Within {
+                        rel: &array.rel,
+                        dir: array.dir.as_ref().and_then(|d| d.id()),
+                    },
                     rel: &array.shard_rel(&slot.shard),
                     format: &array.layout.index,
                     chosen: &taken.chosen,
@@ -348,8 +352,9 @@ struct ShardJob<'a> {
     /// The array's directory is not where the chunks were written (another mount moved
     /// it): a position the shard there got later (its stamp) keeps what it has.
     moved: bool,
-    /// The array's directory, which the write never makes (`Store::put_within`).
-    within: &'a Path,
+    /// The array's directory, which the write never makes, and the directory the shard
+    /// must land in (`Store::put_within`).
+    within: Within<'a>,
     rel: &'a Path,
     format: &'a IndexFormat,
     chosen: &'a [Chosen],
@@ -548,7 +553,7 @@ impl ShardJob<'_> {
             return Ok(None);
         }
         let key = self.backing.lock_key_within(self.rel, self.within)?;
-        if self.backing.stat(self.rel)?.is_some() {
+        if key.current()?.is_some() {
             return Ok(None);
         }
         let start = body.len();
@@ -567,7 +572,7 @@ impl ShardJob<'_> {
             Some(j) => j.synced(body.sync(), "a journal body")?,
             None => body.sync()?,
         }
-        match self.backing.rename(body.path(), self.rel) {
+        match key.take_from(self.backing, body.path()) {
             Err(e) if e.raw_os_error() == Some(libc::EXDEV) => return Ok(None),
             r => r?,
         }
