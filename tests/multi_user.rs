@@ -681,16 +681,17 @@ rounds = 0
 for i in range(150):
     f = os.path.join(mnt, "f%d" % i)
     open(f, "w").close()
-    sub = os.path.join(mnt, "sub")
+    name = "sub%d" % i
+    sub = os.path.join(mnt, name)
     try:
         os.mkdir(sub)
         os.stat(sub)
-        os.rmdir(os.path.join(backing, "sub"))
+        os.rmdir(os.path.join(backing, name))
     except OSError:
         continue
     stop = []
     def swap():
-        a, v = (backing + "/sub").encode(), (backing + "/vdir").encode()
+        a, v = (backing + "/" + name).encode(), (backing + "/vdir").encode()
         while not stop:
             libc.renameat2(-100, a, -100, v, 2)
     t = threading.Thread(target=swap)
@@ -701,14 +702,14 @@ for i in range(150):
         pass
     stop.append(1)
     t.join()
-    for name in ("sub", "vdir"):
-        p = os.path.join(backing, name)
+    for at in (name, "vdir"):
+        p = os.path.join(backing, at)
         if os.path.exists(os.path.join(p, "keep")) and os.stat(p).st_uid != 4322:
-            sys.exit("the victim directory now belongs to %d, at %s" % (os.stat(p).st_uid, name))
+            sys.exit("the victim directory now belongs to %d, at %s" % (os.stat(p).st_uid, at))
     # The victim directory back at its name, and what the round made gone.
-    if os.path.exists(os.path.join(backing, "sub", "keep")):
-        libc.renameat2(-100, (backing + "/sub").encode(), -100, (backing + "/vdir").encode(), 2)
-    shutil.rmtree(os.path.join(backing, "sub"), ignore_errors=True)
+    if os.path.exists(os.path.join(backing, name, "keep")):
+        libc.renameat2(-100, (backing + "/" + name).encode(), -100, (backing + "/vdir").encode(), 2)
+    shutil.rmtree(os.path.join(backing, name), ignore_errors=True)
     rounds += 1
 print(rounds)
 "#;
