@@ -841,7 +841,35 @@ fn a_move_between_an_array_and_a_directory_swapped_in_is_refused() {
 #[test]
 fn a_shard_write_racing_an_exchange_of_arrays_stays_in_its_own() {
     let (_d, backing, m) = shared_mount();
-    let (shard, doc) = two_arrays_in_open(&backing, &m);
+    race_an_exchange_of_arrays(&backing, &m);
+}
+
+/// The same, once the mount holds as many array directories as it will (4096): arrays it
+/// learns of later were written by path, unchecked (fifth review). Still open (issue 18):
+/// an array classified while its path is being swapped can pair one directory's document
+/// with another's identity; not run until that is fixed, and not counted as passing.
+#[test]
+#[ignore = "open in issue 18: arrays past the 4096 held directories"]
+fn a_shard_write_racing_an_exchange_stays_in_its_own_past_the_most_held() {
+    let (_d, backing, m) = shared_mount();
+    fs::create_dir_all(m.path("many/a0")).unwrap();
+    fs::write(m.path("many/a0/zarr.json"), common::LINE_ARRAY).unwrap();
+    // As stored (sharded), copied behind the mount's back.
+    let many = backing.join("many");
+    let stored = fs::read(many.join("a0/zarr.json")).unwrap();
+    for k in 1..4200 {
+        let dir = many.join(format!("a{k}"));
+        fs::create_dir(&dir).unwrap();
+        fs::write(dir.join("zarr.json"), &stored).unwrap();
+    }
+    for k in 0..4200 {
+        fs::metadata(m.path(&format!("many/a{k}/zarr.json"))).unwrap();
+    }
+    race_an_exchange_of_arrays(&backing, &m);
+}
+
+fn race_an_exchange_of_arrays(backing: &Path, m: &Mounted) {
+    let (shard, doc) = two_arrays_in_open(backing, m);
     let race = r#"
 import ctypes, os, sys, threading
 libc = ctypes.CDLL(None, use_errno=True)

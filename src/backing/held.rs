@@ -34,6 +34,15 @@ pub enum DirNow {
     Unknown,
 }
 
+impl Backing {
+    /// The device and inode of the directory at `rel`, if there is one.
+    pub fn dir_id(&self, rel: &Path) -> Option<(u64, u64)> {
+        use std::os::unix::fs::MetadataExt;
+        let m = self.stat(rel).ok().flatten().filter(|m| m.is_dir())?;
+        Some((m.dev(), m.ino()))
+    }
+}
+
 impl HeldDir {
     /// The directory at `rel` (never through a symbolic link); `None` when it cannot be held
     /// (not there, out of descriptors, or `MOST_HELD` already).

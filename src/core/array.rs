@@ -31,6 +31,9 @@ pub struct ArrayState {
     /// That directory itself: another mount may remove it and make another at its path,
     /// or move it, while this one holds chunks of it (`shards::whereabouts`).
     pub dir: Option<std::sync::Arc<crate::backing::HeldDir>>,
+    /// That directory's device and inode, known also when it could not be held (past
+    /// `held::MOST_HELD`): the directory its shards must land in (`lock::Within`).
+    pub dir_id: Option<(u64, u64)>,
 }
 
 /// An entry of a directory of the chunk-key tree.
@@ -52,8 +55,9 @@ impl ArrayState {
     /// Whether `other` was read in the same directory as this one (not one made anew at
     /// its path).
     pub fn same_directory(&self, other: &ArrayState) -> bool {
-        match (&self.dir, &other.dir) {
-            (Some(a), Some(b)) => a.id() == b.id(),
+        match (&self.dir, &other.dir, self.dir_id, other.dir_id) {
+            (Some(a), Some(b), _, _) => a.id() == b.id(),
+            (_, _, Some(a), Some(b)) => a == b,
             _ => self.instance == other.instance,
         }
     }

@@ -100,15 +100,24 @@ fn classify_document(
             DirClass::Plain
         }
         Ok(Node::Array(meta)) => match (ShardLayout::of(&meta), unsharded_view(&meta)) {
-            (Ok(Some(layout)), Ok(view)) => DirClass::ShardedArray(Arc::new(ArrayState {
-                rel: dir.to_path_buf(),
-                meta,
-                layout,
-                view_json: Bytes::from(Node::Array(view).to_json_bytes()),
-                meta_version: version,
-                meta_mtime: mtime,
-                instance: backing.dir_instance(dir),
-                dir: HeldDir::open(backing, dir).map(Arc::new),
+            (Ok(Some(layout)), Ok(view)) => DirClass::ShardedArray(Arc::new({
+                let held = HeldDir::open(backing, dir).map(Arc::new);
+                // Of the directory held, when it is (the path may lead elsewhere by now).
+                let dir_id = match &held {
+                    Some(h) => h.id(),
+                    None => backing.dir_id(dir),
+                };
+                ArrayState {
+                    rel: dir.to_path_buf(),
+                    meta,
+                    layout,
+                    view_json: Bytes::from(Node::Array(view).to_json_bytes()),
+                    meta_version: version,
+                    meta_mtime: mtime,
+                    instance: backing.dir_instance(dir),
+                    dir: held,
+                    dir_id,
+                }
             })),
             (Ok(None), _) => DirClass::Plain,
             (Err(e), _) | (_, Err(e)) => {

@@ -189,7 +189,12 @@ impl ShardFs {
         sharded: &ArrayMetadata,
     ) -> Result<Vec<PathBuf>, FsError> {
         let held = crate::backing::HeldDir::open(&self.backing, dir).map(Arc::new);
-        let Some(array) = draft_array(dir, sharded, self.backing.dir_instance(dir), held) else {
+        let dir_id = match &held {
+            Some(h) => h.id(),
+            None => self.backing.dir_id(dir),
+        };
+        let instance = self.backing.dir_instance(dir);
+        let Some(array) = draft_array(dir, sharded, instance, held, dir_id) else {
             return Ok(Vec::new());
         };
         self.unstage(&array, dir, &KeyNode::Root)?;
@@ -434,6 +439,7 @@ fn draft_array(
     sharded: &ArrayMetadata,
     instance: String,
     held: Option<Arc<crate::backing::HeldDir>>,
+    dir_id: Option<(u64, u64)>,
 ) -> Option<Arc<ArrayState>> {
     let layout = ShardLayout::of(sharded).ok().flatten()?;
     let view = unsharded_view(sharded).ok()?;
@@ -450,5 +456,6 @@ fn draft_array(
         meta_mtime: std::time::SystemTime::now(),
         instance,
         dir: held,
+        dir_id,
     }))
 }

@@ -1208,6 +1208,10 @@ impl ShardFs {
         let owner = match &array.dir {
             Some(held) if !held.is_at(&self.backing, &array.rel) => return Err(FsError::Stale),
             Some(held) => held.owner()?,
+            // Not held (past the most held): by path, if the directory there is its own.
+            None if self.backing.dir_id(&array.rel) != array.dir_id => {
+                return Err(FsError::Stale);
+            }
             None => self.owner_now(&array.rel)?,
         };
         crate::backing::may_use_dir(owner, by.asker(), want)?;
@@ -1237,16 +1241,29 @@ impl ShardFs {
     /// Holds `file` in memory at `rel`, noting the directory it is made in (`MemState::
     /// made_in`). Returns the file it replaces there.
     pub(crate) fn hold_file(&self, rel: &Path, file: &Arc<MemFile>) -> Option<Arc<MemFile>> {
-        let mut dir = rel.parent();
-        while let Some(d) = dir {
-            if let Ok(Some(m)) = self.backing.stat(d) {
-                use std::os::unix::fs::MetadataExt;
-                file.with(|s| s.made_in = Some((d.to_path_buf(), m.dev(), m.ino())));
-                break;
-            }
-            dir = d.parent();
+        if let Some(made_in) = self.made_in(rel) {
+            file.with(|s| s.made_in = Some(made_in));
         }
         self.temps.insert_file(rel, file.clone())
+    }
+
+    /// The directory a file held at `rel` counts as made in: its array's (the nearest
+    /// directory above holding a `zarr.json`: key directories between come and go with
+    /// their shards), else the nearest one BACKING has. With its device and inode.
+    fn made_in(&self, rel: &Path) -> Option<(PathBuf, u64, u64)> {
+        use std::os::unix::fs::MetadataExt;
+        let mut nearest = None;
+        for dir in rel.ancestors().skip(1) {
+            let Ok(Some(m)) = self.backing.stat(dir) else {
+                continue;
+            };
+            let here = (dir.to_path_buf(), m.dev(), m.ino());
+            if matches!(self.backing.stat(&dir.join(METADATA_FILE)), Ok(Some(d)) if d.is_file()) {
+                return Some(here);
+            }
+            nearest.get_or_insert(here);
+        }
+        nearest
     }
 
     /// Whether the directory `file` was made in is still at its path: a file held in

@@ -169,7 +169,7 @@ impl ShardRegistry {
                     moved,
                     within: Within {
                         rel: &array.rel,
-                        dir: array.dir.as_ref().and_then(|d| d.id()),
+                        dir: array.dir_id,
                     },
                     rel: &array.shard_rel(&slot.shard),
                     format: &array.layout.index,
