@@ -845,11 +845,9 @@ fn a_shard_write_racing_an_exchange_of_arrays_stays_in_its_own() {
 }
 
 /// The same, once the mount holds as many array directories as it will (4096): arrays it
-/// learns of later were written by path, unchecked (fifth review). Still open (issue 18):
-/// an array classified while its path is being swapped can pair one directory's document
-/// with another's identity; not run until that is fixed, and not counted as passing.
+/// learns of later were written by path, unchecked (fifth review); their identity is now
+/// kept without a descriptor and checked in one look at the path.
 #[test]
-#[ignore = "open in issue 18: arrays past the 4096 held directories"]
 fn a_shard_write_racing_an_exchange_stays_in_its_own_past_the_most_held() {
     let (_d, backing, m) = shared_mount();
     fs::create_dir_all(m.path("many/a0")).unwrap();

@@ -37,9 +37,15 @@ pub enum DirNow {
 impl Backing {
     /// The device and inode of the directory at `rel`, if there is one.
     pub fn dir_id(&self, rel: &Path) -> Option<(u64, u64)> {
+        self.dir_facts(rel).map(|(id, _)| id)
+    }
+
+    /// The device and inode of the directory at `rel`, with its owner and mode, from one
+    /// look at it (two could see two directories).
+    pub fn dir_facts(&self, rel: &Path) -> Option<((u64, u64), super::FileOwner)> {
         use std::os::unix::fs::MetadataExt;
         let m = self.stat(rel).ok().flatten().filter(|m| m.is_dir())?;
-        Some((m.dev(), m.ino()))
+        Some(((m.dev(), m.ino()), super::FileOwner::of(&m)))
     }
 }
 

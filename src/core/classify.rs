@@ -80,7 +80,10 @@ impl Classifier {
 /// Whether `class`, if an array, was read in the directory that is at `dir` now.
 fn same_dir(class: &DirClass, backing: &Backing, dir: &Path) -> bool {
     match class {
-        DirClass::ShardedArray(a) => a.dir.as_ref().is_none_or(|h| h.is_at(backing, dir)),
+        DirClass::ShardedArray(a) => match &a.dir {
+            Some(held) => held.is_at(backing, dir),
+            None => a.dir_id.is_some() && backing.dir_id(dir) == a.dir_id,
+        },
         _ => true,
     }
 }

@@ -1209,10 +1209,10 @@ impl ShardFs {
             Some(held) if !held.is_at(&self.backing, &array.rel) => return Err(FsError::Stale),
             Some(held) => held.owner()?,
             // Not held (past the most held): by path, if the directory there is its own.
-            None if self.backing.dir_id(&array.rel) != array.dir_id => {
-                return Err(FsError::Stale);
-            }
-            None => self.owner_now(&array.rel)?,
+            None => match self.backing.dir_facts(&array.rel) {
+                Some((id, owner)) if Some(id) == array.dir_id => owner,
+                _ => return Err(FsError::Stale),
+            },
         };
         crate::backing::may_use_dir(owner, by.asker(), want)?;
         Ok(())
@@ -1231,11 +1231,6 @@ impl ShardFs {
         };
         crate::backing::may_change_dir(owner, by.asker())?;
         Ok(())
-    }
-
-    fn owner_now(&self, rel: &Path) -> Result<crate::backing::FileOwner, FsError> {
-        let meta = self.backing.stat(rel)?.ok_or(FsError::NotFound)?;
-        Ok(crate::backing::FileOwner::of(&meta))
     }
 
     /// Holds `file` in memory at `rel`, noting the directory it is made in (`MemState::
