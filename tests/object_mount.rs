@@ -71,10 +71,8 @@ fn versions(server: &S3Server, prefix: &str) -> Vec<(String, usize)> {
         .collect()
 }
 
-#[test]
-fn both_clients_write_through_an_s3_mount_one_put_per_shard() {
-    let server = S3Server::start(BUCKET);
-    let (m, _cache) = mount(&server.endpoint(), "data", &["--chunks-per-shard", "2"]);
+/// zarr-python writes array `z` and tensorstore array `t`, chunk by chunk, through `m`.
+fn both_clients_write(m: &Mounted) {
     assert_ok(
         &clients(&["write-zarr", m.path("z").to_str().unwrap()]),
         "zarr-python writes",
@@ -83,6 +81,13 @@ fn both_clients_write_through_an_s3_mount_one_put_per_shard() {
         &clients(&["write-ts", m.path("t").to_str().unwrap()]),
         "tensorstore writes",
     );
+}
+
+#[test]
+fn both_clients_write_through_an_s3_mount_one_put_per_shard() {
+    let server = S3Server::start(BUCKET);
+    let (m, _cache) = mount(&server.endpoint(), "data", &["--chunks-per-shard", "2"]);
+    both_clients_write(&m);
     // 128 chunks, each looked up, opened and closed several times: a shard's version, once
     // seen, answers for a second, so reads of the store stay well below one per chunk.
     let requests = &stats(&m)["store_requests"];
@@ -132,14 +137,7 @@ fn both_clients_write_through_an_azure_mount_and_read_back() {
     };
     let cache = tempfile::tempdir().unwrap();
     let m = az_mount(cache.path(), &["--chunks-per-shard", "2"]);
-    assert_ok(
-        &clients(&["write-zarr", m.path("z").to_str().unwrap()]),
-        "zarr-python writes",
-    );
-    assert_ok(
-        &clients(&["write-ts", m.path("t").to_str().unwrap()]),
-        "tensorstore writes",
-    );
+    both_clients_write(&m);
     assert_ok(&m.unmount(&[]), "unmount");
     drop(m);
     for array in ["z", "t"] {

@@ -4,10 +4,9 @@
 //! development account `devstoreaccount1`, which `object_store` and the Azure SDKs reach
 //! with `AZURE_STORAGE_USE_EMULATOR=true` and `AZURITE_BLOB_STORAGE_URL`.
 
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 use super::python;
 
@@ -56,17 +55,7 @@ impl Azurite {
             .spawn()
             .expect("Azurite starts");
         let mut server = Azurite { child, port };
-        let start = Instant::now();
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if let Ok(Some(status)) = server.child.try_wait() {
-                panic!("Azurite exited: {status}");
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "Azurite did not listen"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        super::wait_listening(&mut server.child, port, "Azurite");
         server.python(&format!("service.create_container({container:?})"));
         server
     }

@@ -180,3 +180,20 @@ pub fn create_shared(path: &Path) {
     let out = c.wait_with_output().unwrap();
     assert_ok(&Output { status, ..out }, "shared.py create");
 }
+
+/// Waits until a server the tests started (`child`) listens on 127.0.0.1:`port`: panics if
+/// it exits first (the port was taken meanwhile: never talk to another test's server) or
+/// takes over 30 s.
+pub fn wait_listening(child: &mut std::process::Child, port: u16, what: &str) {
+    let start = std::time::Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("{what} exited: {status}");
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(30),
+            "{what} did not listen"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}

@@ -3,7 +3,6 @@
 
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 use super::python;
 
@@ -35,18 +34,7 @@ impl S3Server {
             .spawn()
             .expect("moto's server starts (it is in scripts/requirements.txt)");
         let mut server = S3Server { child, port };
-        let start = Instant::now();
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            // Exited (the port was taken meanwhile): never talk to another test's server.
-            if let Ok(Some(status)) = server.child.try_wait() {
-                panic!("moto's server exited: {status}");
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "moto's server did not listen"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        super::wait_listening(&mut server.child, port, "moto's server");
         server.python(&format!(
             "s3.create_bucket(Bucket={bucket:?}); s3.put_bucket_versioning(Bucket={bucket:?}, \
              VersioningConfiguration={{'Status': 'Enabled'}})"
