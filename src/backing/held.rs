@@ -37,15 +37,49 @@ pub enum DirNow {
 impl Backing {
     /// The device and inode of the directory at `rel`, if there is one.
     pub fn dir_id(&self, rel: &Path) -> Option<(u64, u64)> {
-        self.dir_facts(rel).map(|(id, _)| id)
+        self.dir_facts(rel).map(|(id, _, _)| id)
     }
 
-    /// The device and inode of the directory at `rel`, with its owner and mode, from one
-    /// look at it (two could see two directories).
-    pub fn dir_facts(&self, rel: &Path) -> Option<((u64, u64), super::FileOwner)> {
+    /// The device and inode of the directory at `rel`, its instance, and its owner and
+    /// mode, from one look at it (two could see two directories).
+    pub fn dir_facts(&self, rel: &Path) -> Option<((u64, u64), String, super::FileOwner)> {
         use std::os::unix::fs::MetadataExt;
         let m = self.stat(rel).ok().flatten().filter(|m| m.is_dir())?;
-        Some(((m.dev(), m.ino()), super::FileOwner::of(&m)))
+        let instance = super::instance_of(&m);
+        Some(((m.dev(), m.ino()), instance, super::FileOwner::of(&m)))
+    }
+}
+
+/// Which directory is at a path, from one look: its device and inode, its instance
+/// (`Backing::dir_instance`), and the directory itself held when it may be (`MOST_HELD`).
+pub struct Identified {
+    pub id: (u64, u64),
+    pub instance: String,
+    pub held: Option<HeldDir>,
+}
+
+impl Backing {
+    /// The directory at `rel` (never through a symbolic link), identified from the one
+    /// descriptor opened: looks apart could see two directories while someone swaps them.
+    pub fn identify(&self, rel: &Path) -> Option<Identified> {
+        use std::os::unix::fs::MetadataExt;
+        let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW;
+        let fd = self.open_beneath(rel, flags, 0).ok()?;
+        let meta = std::fs::File::from(rustix::io::dup(&fd).ok()?)
+            .metadata()
+            .ok()?;
+        let held = match HELD.fetch_add(1, Ordering::Relaxed) < MOST_HELD {
+            true => Some(HeldDir(fd)),
+            false => {
+                HELD.fetch_sub(1, Ordering::Relaxed);
+                None
+            }
+        };
+        Some(Identified {
+            id: (meta.dev(), meta.ino()),
+            instance: super::instance_of(&meta),
+            held,
+        })
     }
 }
 

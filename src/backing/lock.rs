@@ -58,12 +58,19 @@ pub enum Durability {
 pub struct Within<'a> {
     pub rel: &'a Path,
     pub dir: Option<(u64, u64)>,
+    /// Its instance (inode and birth time, `Backing::dir_instance`), when known: an inode
+    /// number freed and given to another directory is not the same directory.
+    pub instance: &'a str,
 }
 
 impl<'a> Within<'a> {
     /// Below `rel`, whichever directory is there.
     pub fn path(rel: &'a Path) -> Within<'a> {
-        Within { rel, dir: None }
+        Within {
+            rel,
+            dir: None,
+            instance: "",
+        }
     }
 }
 
@@ -95,7 +102,7 @@ impl Backing {
             let depth = dir_rel
                 .strip_prefix(within.rel)
                 .map_or(0, |below| below.components().count());
-            check_ancestor(&dir, depth, id)?;
+            check_ancestor(&dir, depth, id, within.instance)?;
         }
         let lock_name = lock_name(name);
         let start = Instant::now();
@@ -146,14 +153,17 @@ impl Backing {
 
 /// Whether the directory `depth` levels above `dir` (itself at 0) is `id` (device,
 /// inode). The key's directory is open: what is above it now is where the write lands.
-fn check_ancestor(dir: &OwnedFd, depth: usize, id: (u64, u64)) -> io::Result<()> {
+fn check_ancestor(dir: &OwnedFd, depth: usize, id: (u64, u64), instance: &str) -> io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
     let mut at = rustix::io::dup(dir).map_err(errno)?;
     for _ in 0..depth {
         let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
         at = rustix::fs::openat(&at, "..", flags, Mode::empty()).map_err(errno)?;
     }
-    let st = rustix::fs::fstat(&at).map_err(errno)?;
-    if (st.st_dev, st.st_ino) != id {
+    let meta = File::from(at).metadata()?;
+    let same = (meta.dev(), meta.ino()) == id
+        && (instance.is_empty() || super::instance_of(&meta) == instance);
+    if !same {
         return Err(io::Error::from_raw_os_error(libc::ESTALE));
     }
     Ok(())

@@ -29,7 +29,7 @@ pub mod pinned;
 pub use acting::as_user;
 pub use beneath::EntryKind;
 use beneath::{errno, split};
-pub use held::{DirNow, HeldDir};
+pub use held::{DirNow, HeldDir, Identified};
 pub use owner::FileOwner;
 pub use pinned::{Asker, AttrChange, may_change_dir, may_open, may_use_dir};
 
@@ -624,5 +624,31 @@ mod within_tests {
         let lock = b.lock_key_within(Path::new("moved/c/0"), within);
         assert!(lock.is_err() && !dir.join("moved").exists());
         let _ = fs::remove_dir_all(&dir);
+    }
+
+    /// From the sixth review of the by-path fixes: a key is written only in the very
+    /// directory its array was found in: the same inode number (freed, and given to another
+    /// user's new directory) with another birth time is another directory.
+    #[test]
+    fn a_key_is_locked_only_inside_the_directory_it_belongs_to() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir_all(dir.path().join("a/c")).unwrap();
+        let b = Backing::new(dir.path().to_path_buf()).unwrap();
+        let found = b.identify(Path::new("a")).unwrap();
+        let within = |instance| lock::Within {
+            rel: Path::new("a"),
+            dir: Some(found.id),
+            instance,
+        };
+        b.lock_key_within(Path::new("a/c/0"), within(&found.instance))
+            .unwrap();
+        let reused = b.lock_key_within(Path::new("a/c/0"), within("1-2"));
+        assert_eq!(reused.unwrap_err().raw_os_error(), Some(libc::ESTALE));
+        let other = lock::Within {
+            dir: Some((found.id.0, found.id.1 + 1)),
+            ..within("")
+        };
+        let elsewhere = b.lock_key_within(Path::new("a/c/0"), other);
+        assert_eq!(elsewhere.unwrap_err().raw_os_error(), Some(libc::ESTALE));
     }
 }

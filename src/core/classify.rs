@@ -11,7 +11,7 @@ use tracing::{info, warn};
 use super::array::{ArrayState, lock};
 use super::error::FsError;
 use super::group::GroupView;
-use crate::backing::{Backing, FileVersion, HeldDir, mtime_of};
+use crate::backing::{Backing, FileVersion, mtime_of};
 use crate::zarr::{
     LayoutError, METADATA_FILE, Node, ShardLayout, translate_consolidated, unsharded_view,
 };
@@ -82,7 +82,9 @@ fn same_dir(class: &DirClass, backing: &Backing, dir: &Path) -> bool {
     match class {
         DirClass::ShardedArray(a) => match &a.dir {
             Some(held) => held.is_at(backing, dir),
-            None => a.dir_id.is_some() && backing.dir_id(dir) == a.dir_id,
+            None => backing
+                .dir_facts(dir)
+                .is_some_and(|(id, instance, _)| Some(id) == a.dir_id && instance == a.instance),
         },
         _ => true,
     }
@@ -103,25 +105,23 @@ fn classify_document(
             DirClass::Plain
         }
         Ok(Node::Array(meta)) => match (ShardLayout::of(&meta), unsharded_view(&meta)) {
-            (Ok(Some(layout)), Ok(view)) => DirClass::ShardedArray(Arc::new({
-                let held = HeldDir::open(backing, dir).map(Arc::new);
-                // Of the directory held, when it is (the path may lead elsewhere by now).
-                let dir_id = match &held {
-                    Some(h) => h.id(),
-                    None => backing.dir_id(dir),
+            (Ok(Some(layout)), Ok(view)) => {
+                // Identity, instance and the directory held from one look at the path.
+                let Some(found) = backing.identify(dir) else {
+                    return DirClass::Plain;
                 };
-                ArrayState {
+                DirClass::ShardedArray(Arc::new(ArrayState {
                     rel: dir.to_path_buf(),
                     meta,
                     layout,
                     view_json: Bytes::from(Node::Array(view).to_json_bytes()),
                     meta_version: version,
                     meta_mtime: mtime,
-                    instance: backing.dir_instance(dir),
-                    dir: held,
-                    dir_id,
-                }
-            })),
+                    instance: found.instance,
+                    dir: found.held.map(Arc::new),
+                    dir_id: Some(found.id),
+                }))
+            }
             (Ok(None), _) => DirClass::Plain,
             (Err(e), _) | (_, Err(e)) => {
                 info!(array = %shown.display(), "array shown as it is, not unsharded: {e}");

@@ -188,13 +188,10 @@ impl ShardFs {
         dir: &Path,
         sharded: &ArrayMetadata,
     ) -> Result<Vec<PathBuf>, FsError> {
-        let held = crate::backing::HeldDir::open(&self.backing, dir).map(Arc::new);
-        let dir_id = match &held {
-            Some(h) => h.id(),
-            None => self.backing.dir_id(dir),
+        let Some(found) = self.backing.identify(dir) else {
+            return Ok(Vec::new());
         };
-        let instance = self.backing.dir_instance(dir);
-        let Some(array) = draft_array(dir, sharded, instance, held, dir_id) else {
+        let Some(array) = draft_array(dir, sharded, found) else {
             return Ok(Vec::new());
         };
         self.unstage(&array, dir, &KeyNode::Root)?;
@@ -432,14 +429,12 @@ fn staged(rel: &Path) -> PathBuf {
     rel.with_file_name(format!(".{name}.shardfs-import"))
 }
 
-/// The array `sharded` would make of `dir` (the directory `instance`), before its
+/// The array `sharded` would make of `dir` (the directory `found`), before its
 /// metadata is stored.
 fn draft_array(
     dir: &Path,
     sharded: &ArrayMetadata,
-    instance: String,
-    held: Option<Arc<crate::backing::HeldDir>>,
-    dir_id: Option<(u64, u64)>,
+    found: crate::backing::Identified,
 ) -> Option<Arc<ArrayState>> {
     let layout = ShardLayout::of(sharded).ok().flatten()?;
     let view = unsharded_view(sharded).ok()?;
@@ -454,8 +449,8 @@ fn draft_array(
             mtime_ns: 0,
         },
         meta_mtime: std::time::SystemTime::now(),
-        instance,
-        dir: held,
-        dir_id,
+        instance: found.instance,
+        dir: found.held.map(Arc::new),
+        dir_id: Some(found.id),
     }))
 }

@@ -1210,7 +1210,11 @@ impl ShardFs {
             Some(held) => held.owner()?,
             // Not held (past the most held): by path, if the directory there is its own.
             None => match self.backing.dir_facts(&array.rel) {
-                Some((id, owner)) if Some(id) == array.dir_id => owner,
+                Some((id, instance, owner))
+                    if Some(id) == array.dir_id && instance == array.instance =>
+                {
+                    owner
+                }
                 _ => return Err(FsError::Stale),
             },
         };

@@ -170,6 +170,7 @@ impl ShardRegistry {
                     within: Within {
                         rel: &array.rel,
                         dir: array.dir_id,
+                        instance: &array.instance,
                     },
                     rel: &array.shard_rel(&slot.shard),
                     format: &array.layout.index,
