@@ -51,35 +51,56 @@ impl Backing {
 }
 
 /// Which directory is at a path, from one look: its device and inode, its instance
-/// (`Backing::dir_instance`), and the directory itself held when it may be (`MOST_HELD`).
+/// (`Backing::dir_instance`), and a descriptor of it, through which its files are read
+/// (`file_in`) and which is kept when it may be (`into_held`).
 pub struct Identified {
     pub id: (u64, u64),
     pub instance: String,
-    pub held: Option<HeldDir>,
+    fd: OwnedFd,
+}
+
+impl Identified {
+    /// The regular file `name` in this directory, with its metadata; `None` when there is
+    /// none. Bytes read from it are of this directory, whatever its path holds by now.
+    pub fn file_in(&self, name: &str) -> Option<(std::fs::File, std::fs::Metadata)> {
+        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+        let fd = rustix::fs::openat(&self.fd, name, flags, rustix::fs::Mode::empty()).ok()?;
+        let file = std::fs::File::from(fd);
+        let meta = file.metadata().ok().filter(|m| m.is_file())?;
+        Some((file, meta))
+    }
+
+    /// The directory held, unless `MOST_HELD` are already.
+    pub fn into_held(self) -> Option<HeldDir> {
+        if HELD.fetch_add(1, Ordering::Relaxed) >= MOST_HELD {
+            HELD.fetch_sub(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(HeldDir(self.fd))
+    }
 }
 
 impl Backing {
     /// The directory at `rel` (never through a symbolic link), identified from the one
     /// descriptor opened: looks apart could see two directories while someone swaps them.
-    pub fn identify(&self, rel: &Path) -> Option<Identified> {
+    /// `Ok(None)` when no directory is there; an error finding it (a link on the way, a
+    /// mount crossed) is an error.
+    pub fn identify(&self, rel: &Path) -> std::io::Result<Option<Identified>> {
         use std::os::unix::fs::MetadataExt;
         let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW;
-        let fd = self.open_beneath(rel, flags, 0).ok()?;
-        let meta = std::fs::File::from(rustix::io::dup(&fd).ok()?)
-            .metadata()
-            .ok()?;
-        let held = match HELD.fetch_add(1, Ordering::Relaxed) < MOST_HELD {
-            true => Some(HeldDir(fd)),
-            false => {
-                HELD.fetch_sub(1, Ordering::Relaxed);
-                None
+        let fd = match self.open_beneath(rel, flags, 0) {
+            Ok(fd) => fd,
+            Err(e) if super::is_absent(&e) => {
+                return Ok(None);
             }
+            Err(e) => return Err(e),
         };
-        Some(Identified {
+        let meta = std::fs::File::from(rustix::io::dup(&fd)?).metadata()?;
+        Ok(Some(Identified {
             id: (meta.dev(), meta.ino()),
             instance: super::instance_of(&meta),
-            held,
-        })
+            fd,
+        }))
     }
 }
 

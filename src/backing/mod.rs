@@ -634,7 +634,7 @@ mod within_tests {
         let dir = tempfile::tempdir().unwrap();
         fs::create_dir_all(dir.path().join("a/c")).unwrap();
         let b = Backing::new(dir.path().to_path_buf()).unwrap();
-        let found = b.identify(Path::new("a")).unwrap();
+        let found = b.identify(Path::new("a")).unwrap().unwrap();
         let within = |instance| lock::Within {
             rel: Path::new("a"),
             dir: Some(found.id),

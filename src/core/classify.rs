@@ -49,12 +49,18 @@ impl Classifier {
             return Ok(DirClass::Plain);
         }
         let doc = dir.join(METADATA_FILE);
-        let meta = match backing.stat(&doc)? {
-            Some(m) if m.is_file() => m,
-            _ => {
-                lock(&self.cache).remove(dir);
-                return Ok(DirClass::Plain);
-            }
+        // The document is read in the directory identified (not by its path again): looks
+        // apart could pair one directory's document with another directory, mid-swap.
+        let found = backing.identify(dir)?;
+        if found.is_none() {
+            // No directory: a path that cannot be followed (a link on the way) is an error,
+            // as looking up the document would say.
+            backing.stat(&doc)?;
+        }
+        let opened = found.as_ref().and_then(|f| f.file_in(METADATA_FILE));
+        let (Some(found), Some((file, meta))) = (found, opened) else {
+            lock(&self.cache).remove(dir);
+            return Ok(DirClass::Plain);
         };
         let version = FileVersion::of(&meta);
         // The same document in another directory (made anew at the path, the document
@@ -66,12 +72,17 @@ impl Classifier {
             return Ok(class.clone());
         }
         // A document too large to be metadata is shown as it is, like garbage.
-        let bytes = match backing.read_at_most(&doc, super::memfile::MAX_METADATA_BYTES) {
-            Ok(b) => b.unwrap_or_default(),
+        let bytes = match read_bounded(file, &meta, super::memfile::MAX_METADATA_BYTES) {
+            Ok(b) => b,
             Err(e) if e.raw_os_error() == Some(libc::EFBIG) => Vec::new(),
             Err(e) => return Err(e.into()),
         };
-        let class = classify_document(dir, &doc, &bytes, version, mtime_of(&meta), backing);
+        let read = Read {
+            version,
+            mtime: mtime_of(&meta),
+            found,
+        };
+        let class = classify_document(dir, &doc, &bytes, read, backing);
         lock(&self.cache).insert(dir.to_path_buf(), (version, class.clone()));
         Ok(class)
     }
@@ -90,12 +101,33 @@ fn same_dir(class: &DirClass, backing: &Backing, dir: &Path) -> bool {
     }
 }
 
+/// Where and as what a document was read.
+struct Read {
+    version: FileVersion,
+    mtime: std::time::SystemTime,
+    found: crate::backing::Identified,
+}
+
+/// The whole of `file` (described by `meta`), at most `limit` bytes (EFBIG past it).
+fn read_bounded(
+    mut file: std::fs::File,
+    meta: &std::fs::Metadata,
+    limit: u64,
+) -> std::io::Result<Vec<u8>> {
+    use std::io::Read as _;
+    if meta.len() > limit {
+        return Err(std::io::Error::from_raw_os_error(libc::EFBIG));
+    }
+    let mut out = Vec::with_capacity(meta.len() as usize);
+    file.by_ref().take(limit).read_to_end(&mut out)?;
+    Ok(out)
+}
+
 fn classify_document(
     dir: &Path,
     doc: &Path,
     bytes: &[u8],
-    version: FileVersion,
-    mtime: std::time::SystemTime,
+    read: Read,
     backing: &Backing,
 ) -> DirClass {
     let shown = backing.path(doc);
@@ -105,23 +137,18 @@ fn classify_document(
             DirClass::Plain
         }
         Ok(Node::Array(meta)) => match (ShardLayout::of(&meta), unsharded_view(&meta)) {
-            (Ok(Some(layout)), Ok(view)) => {
-                // Identity, instance and the directory held from one look at the path.
-                let Some(found) = backing.identify(dir) else {
-                    return DirClass::Plain;
-                };
-                DirClass::ShardedArray(Arc::new(ArrayState {
-                    rel: dir.to_path_buf(),
-                    meta,
-                    layout,
-                    view_json: Bytes::from(Node::Array(view).to_json_bytes()),
-                    meta_version: version,
-                    meta_mtime: mtime,
-                    instance: found.instance,
-                    dir: found.held.map(Arc::new),
-                    dir_id: Some(found.id),
-                }))
-            }
+            (Ok(Some(layout)), Ok(view)) => DirClass::ShardedArray(Arc::new(ArrayState {
+                rel: dir.to_path_buf(),
+                meta,
+                layout,
+                view_json: Bytes::from(Node::Array(view).to_json_bytes()),
+                meta_version: read.version,
+                meta_mtime: read.mtime,
+                instance: read.found.instance.clone(),
+                dir_id: Some(read.found.id),
+                // Identity, instance, document and the directory held from one look.
+                dir: read.found.into_held().map(Arc::new),
+            })),
             (Ok(None), _) => DirClass::Plain,
             (Err(e), _) | (_, Err(e)) => {
                 info!(array = %shown.display(), "array shown as it is, not unsharded: {e}");
@@ -144,7 +171,7 @@ fn classify_document(
             }
             DirClass::Group(Some(Arc::new(GroupView {
                 json: Bytes::from(Node::Group(view).to_json_bytes()),
-                mtime,
+                mtime: read.mtime,
             })))
         }
     }

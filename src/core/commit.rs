@@ -188,7 +188,7 @@ impl ShardFs {
         dir: &Path,
         sharded: &ArrayMetadata,
     ) -> Result<Vec<PathBuf>, FsError> {
-        let Some(found) = self.backing.identify(dir) else {
+        let Some(found) = self.backing.identify(dir)? else {
             return Ok(Vec::new());
         };
         let Some(array) = draft_array(dir, sharded, found) else {
@@ -449,8 +449,8 @@ fn draft_array(
             mtime_ns: 0,
         },
         meta_mtime: std::time::SystemTime::now(),
-        instance: found.instance,
-        dir: found.held.map(Arc::new),
+        instance: found.instance.clone(),
         dir_id: Some(found.id),
+        dir: found.into_held().map(Arc::new),
     }))
 }
