@@ -124,7 +124,11 @@ class Mounted:
         stats = json.loads(subprocess.run([self.shardfs, "stats", self.mountpoint],
                                           check=True, capture_output=True, text=True).stdout)
         rss = peak_rss_mib(self.pid)
-        subprocess.run([self.shardfs, "unmount", self.mountpoint], check=True)
+        done = subprocess.run([self.shardfs, "unmount", self.mountpoint])
+        if done.returncode != 0:
+            # Never left mounted, whatever failed (a writer that died with files open).
+            subprocess.run([self.shardfs, "unmount", "--lazy", "--give-up", self.mountpoint])
+            raise RuntimeError(f"unmount of {self.mountpoint} failed: {done.returncode}")
         return stats, rss
 
 
