@@ -122,21 +122,23 @@ impl HeldDir {
         }
     }
 
-    /// The directory's owner, group and mode now.
-    pub fn owner(&self) -> std::io::Result<super::FileOwner> {
-        let st = rustix::fs::fstat(&self.0)?;
-        Ok(super::FileOwner {
-            uid: st.st_uid,
-            gid: st.st_gid,
-            mode: st.st_mode & 0o7777,
-        })
-    }
-
     /// The directory's device and inode: the same for two holds of one directory.
     pub fn id(&self) -> Option<(u64, u64)> {
         rustix::fs::fstat(&self.0)
             .ok()
             .map(|st| (st.st_dev, st.st_ino))
+    }
+
+    /// Its owner and mode, if the directory at `rel` now is this one (one look at each).
+    pub fn owner_if_at(&self, backing: &Backing, rel: &Path) -> Option<super::FileOwner> {
+        use std::os::unix::fs::MetadataExt;
+        let held = rustix::fs::fstat(&self.0).ok()?;
+        let now = backing.stat(rel).ok().flatten()?;
+        ((held.st_dev, held.st_ino) == (now.dev(), now.ino())).then_some(super::FileOwner {
+            uid: held.st_uid,
+            gid: held.st_gid,
+            mode: held.st_mode & 0o7777,
+        })
     }
 
     /// Whether the directory at `rel` now is this one.

@@ -230,7 +230,7 @@ impl ShardFs {
         // A writer from creation to FLUSH: the content is not final meanwhile.
         let kind_is_chunk = matches!(kind, NodeKind::Chunk { .. });
         let written = self.write_target(&kind)?;
-        let made_in = match &kind {
+        let chunk_array = match &kind {
             NodeKind::Chunk { array, .. } => Some(array.clone()),
             _ => None,
         };
@@ -238,7 +238,7 @@ impl ShardFs {
         let mut handle = FileHandle::new(attr.ino, writable);
         handle.backing = backing_file;
         // Writes through it go to the array it was made (and checked) in, and no other.
-        if let Some(array) = made_in {
+        if let Some(array) = chunk_array {
             let _ = handle.array.set(array);
         }
         handle
@@ -856,6 +856,7 @@ impl ShardFs {
     /// metadata document), the destination first: when that fails (a refused document, a
     /// full disk), the source is untouched.
     fn move_content(&self, mv: &Move, src_ino: Option<Ino>) -> Result<NodeKind, FsError> {
+        self.may_move_content(Some((&mv.src, &mv.src_rel)), &mv.place, mv.by)?;
         let content = self.content_of(&mv.src, &mv.src_rel, mv.by)?;
         if let Some(d) = &mv.dst {
             self.detach_name(mv.to.0, mv.to.1, d, &mv.dst_rel);
@@ -1077,6 +1078,7 @@ impl ShardFs {
             }
             // Elsewhere a link is a copy that shares the bytes (no data is copied).
             _ => {
+                self.may_move_content(None, &place, by)?;
                 let content = self.content_of(&src.kind, &src.rel, by)?;
                 let copy = Arc::new(MemFile::new(content.snapshot().data, 0o644));
                 self.put_content(&place, copy, None)?
@@ -1172,11 +1174,9 @@ impl ShardFs {
             NodeKind::Chunk { array, .. }
             | NodeKind::ChunkDir { array, .. }
             | NodeKind::ArrayMeta(array) => self.may_write_array(array, by),
-            // (A plain name is changed as the caller too; a file moved into an array is
-            // removed by the mount.)
-            NodeKind::Temp(_) | NodeKind::File | NodeKind::Symlink | NodeKind::Other => {
-                self.may_change_in(rel.parent().unwrap_or(Path::new("")), by)
-            }
+            NodeKind::Temp(_) => self.may_change_in(parent_of(rel), by),
+            // Changed as the caller (`as_caller`): the kernel checks. One whose content the
+            // mount moves instead is checked there (`move_content`).
             _ => Ok(()),
         }
     }
@@ -1185,14 +1185,30 @@ impl ShardFs {
     fn may_make_at(&self, place: &Place, by: Caller) -> Result<(), FsError> {
         match place {
             Place::Chunk(array, _) | Place::KeyDir(array, _, _) => self.may_write_array(array, by),
-            Place::Temp(rel) => self.may_change_in(rel.parent().unwrap_or(Path::new("")), by),
+            Place::Temp(rel) => self.may_change_in(parent_of(rel), by),
             Place::Meta(dir) => self.may_change_in(dir, by),
-            // (Made as the caller when made in place; content moved out of an array is
-            // written there by the mount.)
-            Place::Plain(rel) | Place::Extra(rel) => {
-                self.may_change_in(rel.parent().unwrap_or(Path::new("")), by)
-            }
+            // Made as the caller (`as_caller`): the kernel checks. Content the mount writes
+            // there instead is checked where it does (`may_move_content`).
+            Place::Plain(_) | Place::Extra(_) => Ok(()),
         }
+    }
+
+    /// Whether `by` may have the mount, as root, take the BACKING file `src` away and put
+    /// content at `place` (a move or copy between an array, memory and BACKING), as the
+    /// kernel would decide on the directories really there.
+    fn may_move_content(
+        &self,
+        taken: Option<(&NodeKind, &Path)>,
+        place: &Place,
+        by: Caller,
+    ) -> Result<(), FsError> {
+        if let Some((NodeKind::File | NodeKind::Symlink | NodeKind::Other, rel)) = taken {
+            self.may_change_in(parent_of(rel), by)?;
+        }
+        if let Place::Plain(rel) | Place::Extra(rel) = place {
+            self.may_change_in(parent_of(rel), by)?;
+        }
+        Ok(())
     }
 
     /// Whether `by` may change the names of `array`, on the directory that holds it.
@@ -1206,8 +1222,9 @@ impl ShardFs {
     /// mode is its array's), which must still be at its path.
     fn may_use_array(&self, array: &ArrayState, by: Caller, want: u32) -> Result<(), FsError> {
         let owner = match &array.dir {
-            Some(held) if !held.is_at(&self.backing, &array.rel) => return Err(FsError::Stale),
-            Some(held) => held.owner()?,
+            Some(held) => held
+                .owner_if_at(&self.backing, &array.rel)
+                .ok_or(FsError::Stale)?,
             // Not held (past the most held): by path, if the directory there is its own.
             None => match self.backing.dir_facts(&array.rel) {
                 Some((id, instance, owner))
@@ -1342,4 +1359,9 @@ fn translated_exchange(src_rel: &Path) -> FsError {
         Rule::ExchangeOfTranslatedNames,
         "RENAME_EXCHANGE with a chunk, a zarr.json, a key directory or a held file",
     )
+}
+
+/// The directory holding `rel` (BACKING's root for a name there).
+fn parent_of(rel: &Path) -> &Path {
+    rel.parent().unwrap_or(Path::new(""))
 }

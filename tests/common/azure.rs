@@ -8,8 +8,6 @@ use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
-use super::python;
-
 /// The development account's published key (Azurite's documentation): not a secret.
 const ACCOUNT_KEY: &str =
     "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
@@ -82,16 +80,7 @@ impl Azurite {
              BlobEndpoint={}/devstoreaccount1;')\n{code}\n",
             self.endpoint()
         );
-        let out = Command::new(python())
-            .args(["-c", &script])
-            .output()
-            .expect("python runs");
-        assert!(
-            out.status.success(),
-            "the Azure SDK against Azurite failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        super::python_stdout(&script, "the Azure SDK against Azurite")
     }
 
     /// The names of the blobs of `container` below `prefix`.

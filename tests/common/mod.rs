@@ -197,3 +197,18 @@ pub fn wait_listening(child: &mut std::process::Child, port: u16, what: &str) {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }
+
+/// Runs the Python `script` (with the pinned clients) and returns its stdout; `what` names
+/// it when it fails.
+pub fn python_stdout(script: &str, what: &str) -> String {
+    let out = std::process::Command::new(python())
+        .args(["-c", script])
+        .output()
+        .expect("python runs");
+    assert!(
+        out.status.success(),
+        "{what} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}

@@ -76,16 +76,7 @@ impl S3Server {
              aws_secret_access_key='testing', region_name='us-east-1')\n{code}\n",
             self.endpoint()
         );
-        let out = Command::new(python())
-            .args(["-c", &script])
-            .output()
-            .expect("python runs");
-        assert!(
-            out.status.success(),
-            "boto3 against moto failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        super::python_stdout(&script, "boto3 against moto")
     }
 
     /// How many versions of `key` the bucket holds: one per PUT that landed.
