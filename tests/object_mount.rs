@@ -1,5 +1,7 @@
-//! Mounts over an object store: moto's S3 server, started by each test on 127.0.0.1 and
-//! stopped with it. The real clients write through the mount; the bucket is then read
+//! Mounts over an object store, every test run against each store shardfs supports:
+//! moto's S3 server, fake-gcs-server behind the XML layer (`tests/py/gcs_layer.py`) and
+//! Azurite, each started by the test on 127.0.0.1 and stopped with it
+//! (`common::stores`). The real clients write through the mount; the bucket is then read
 //! natively, as the sharded arrays it must hold.
 
 mod common;
@@ -9,10 +11,9 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use common::mount::{Mounted, run_timeout, stats};
-use common::s3::{Proxy, S3Server};
+use common::stores::{Kind, StoreServer};
 use common::{all_succeed, assert_ok, create_shared, spawn_shared, stderr};
 
-const BUCKET: &str = "shardfs-test";
 const LIMIT: Duration = Duration::from_secs(400);
 
 fn script(name: &str) -> std::path::PathBuf {
@@ -30,45 +31,18 @@ fn clients(args: &[&str]) -> Output {
     )
 }
 
-/// A mount of `s3://BUCKET/prefix` through `endpoint`, with its own cache directory.
-fn mount(endpoint: &str, prefix: &str, extra: &[&str]) -> (Mounted, tempfile::TempDir) {
+/// A mount of `prefix` in the server's bucket, with its own cache directory (as on a
+/// node of its own).
+fn mount(server: &StoreServer, prefix: &str, extra: &[&str]) -> (Mounted, tempfile::TempDir) {
     let cache = tempfile::tempdir().unwrap();
-    (
-        mount_with_cache(endpoint, prefix, cache.path(), extra),
-        cache,
-    )
+    (mount_with_cache(server, prefix, cache.path(), extra), cache)
 }
 
-fn mount_with_cache(endpoint: &str, prefix: &str, cache: &Path, extra: &[&str]) -> Mounted {
+fn mount_with_cache(server: &StoreServer, prefix: &str, cache: &Path, extra: &[&str]) -> Mounted {
     let mut args = vec!["--cache-dir", cache.to_str().unwrap()];
     args.extend_from_slice(extra);
-    let url = format!("s3://{BUCKET}/{prefix}");
-    Mounted::with_env(Path::new(&url), &args, &s3_env(endpoint), LIMIT)
-}
-
-/// What a client of the S3 server at `endpoint` needs in its environment.
-fn s3_env(endpoint: &str) -> [(&'static str, String); 5] {
-    [
-        ("AWS_ENDPOINT_URL", endpoint.to_string()),
-        ("AWS_ACCESS_KEY_ID", "testing".to_string()),
-        ("AWS_SECRET_ACCESS_KEY", "testing".to_string()),
-        ("AWS_REGION", "us-east-1".to_string()),
-        ("AWS_ALLOW_HTTP", "true".to_string()),
-    ]
-}
-
-/// The keys below `prefix` and how many versions (PUTs that landed) each has.
-fn versions(server: &S3Server, prefix: &str) -> Vec<(String, usize)> {
-    let out = server.python(&format!(
-        "import collections\n\
-         c = collections.Counter(v['Key'] for v in s3.list_object_versions(Bucket={BUCKET:?}, \
-         Prefix={prefix:?}).get('Versions', []))\n\
-         print('\\n'.join(f'{{k}} {{n}}' for k, n in sorted(c.items())))"
-    ));
-    out.lines()
-        .filter_map(|l| l.rsplit_once(' '))
-        .map(|(k, n)| (k.to_string(), n.parse().unwrap()))
-        .collect()
+    let url = server.url(prefix);
+    Mounted::with_env(Path::new(&url), &args, &server.env(), LIMIT)
 }
 
 /// zarr-python writes array `z` and tensorstore array `t`, chunk by chunk, through `m`.
@@ -83,10 +57,25 @@ fn both_clients_write(m: &Mounted) {
     );
 }
 
-#[test]
-fn both_clients_write_through_an_s3_mount_one_put_per_shard() {
-    let server = S3Server::start(BUCKET);
-    let (m, _cache) = mount(&server.endpoint(), "data", &["--chunks-per-shard", "2"]);
+every_store!(
+    both_clients_write_one_put_per_shard,
+    two_mounts_write_interleaved_chunks_of_the_same_shards,
+    a_store_that_goes_away_loses_nothing,
+    a_shard_changed_between_read_and_write_is_merged_again,
+    fsynced_chunks_of_a_killed_mount_land_from_its_local_journal,
+    an_object_mount_publishes_new_files_and_refuses_what_it_cannot,
+    chunk_files_copied_in_before_their_metadata_are_sharded,
+    one_open_sees_one_version_and_a_fresh_open_the_newest,
+    a_reader_is_never_stale_for_a_rewrite_of_other_chunks,
+    a_killed_nodes_journal_never_overwrites_a_newer_write,
+    a_stale_zarr_json_never_overwrites_another_nodes_new_array,
+    a_bucket_gone_is_an_error_never_absent,
+    parallel_unmounts_merge_and_never_fail,
+);
+
+fn both_clients_write_one_put_per_shard(kind: Kind) {
+    let server = StoreServer::start(kind);
+    let (m, _cache) = mount(&server, "data", &["--chunks-per-shard", "2"]);
     both_clients_write(&m);
     // 128 chunks, each looked up, opened and closed several times: a shard's version, once
     // seen, answers for a second, so reads of the store stay well below one per chunk.
@@ -97,23 +86,31 @@ fn both_clients_write_through_an_s3_mount_one_put_per_shard() {
     assert_ok(&m.unmount(&[]), "unmount");
     drop(m);
     for array in ["z", "t"] {
-        let shards = versions(&server, &format!("data/{array}/c/"));
+        let shards = server.keys(&format!("data/{array}/c/"));
         // 128^3 in 32^3 chunks, 2x2x2 chunks per shard: 8 shards, each PUT once.
         assert_eq!(shards.len(), 8, "{array}: {shards:?}");
-        assert!(shards.iter().all(|(_, n)| *n == 1), "{array}: {shards:?}");
+        for shard in &shards {
+            assert_eq!(
+                server.puts(shard),
+                1,
+                "{shard}: {:?}",
+                server.proxy.requests()
+            );
+        }
         let key = format!("data/{array}");
-        let url = server.endpoint();
         assert_ok(
-            &clients(&["check-zarr", &url, &key]),
+            &clients(&["check-zarr", &server.native(), &key]),
             "zarr-python reads natively",
         );
-        assert_ok(
-            &clients(&["check-ts", &url, &key]),
-            "tensorstore reads natively",
-        );
+        if kind == Kind::S3 {
+            assert_ok(
+                &clients(&["check-ts", &server.native(), &key]),
+                "tensorstore reads natively",
+            );
+        }
     }
     // A new mount (a new cache) shows what the bucket holds.
-    let (m, _cache) = mount(&server.endpoint(), "data", &[]);
+    let (m, _cache) = mount(&server, "data", &[]);
     for array in ["z", "t"] {
         let path = m.path(array);
         assert_ok(
@@ -121,56 +118,16 @@ fn both_clients_write_through_an_s3_mount_one_put_per_shard() {
             "read through a mount",
         );
     }
-}
-
-/// An `az://` mount (Azurite): both clients write chunk by chunk, each shard is one blob,
-/// zarr-python reads the container natively, and a new mount reads it all back (its shard
-/// indexes were read with a suffix range, which Azure refuses: every read was EIO).
-#[test]
-fn both_clients_write_through_an_azure_mount_and_read_back() {
-    let server = common::azure::Azurite::start(BUCKET);
-    let az_mount = |cache: &Path, extra: &[&str]| {
-        let mut args = vec!["--cache-dir", cache.to_str().unwrap()];
-        args.extend_from_slice(extra);
-        let url = format!("az://{BUCKET}/data");
-        Mounted::with_env(Path::new(&url), &args, &server.env(), LIMIT)
-    };
-    let cache = tempfile::tempdir().unwrap();
-    let m = az_mount(cache.path(), &["--chunks-per-shard", "2"]);
-    both_clients_write(&m);
-    assert_ok(&m.unmount(&[]), "unmount");
-    drop(m);
-    for array in ["z", "t"] {
-        let shards = server.blobs(BUCKET, &format!("data/{array}/c/"));
-        // 128^3 in 32^3 chunks, 2x2x2 chunks per shard: 8 shards.
-        assert_eq!(shards.len(), 8, "{array}: {shards:?}");
-        let native = format!("azurite:{}", server.endpoint());
-        assert_ok(
-            &clients(&["check-zarr", &native, &format!("data/{array}")]),
-            "zarr-python reads natively",
-        );
-    }
-    // A new mount (a new cache) shows what the container holds.
-    let cache = tempfile::tempdir().unwrap();
-    let m = az_mount(cache.path(), &[]);
-    for array in ["z", "t"] {
-        let path = m.path(array);
-        assert_ok(
-            &clients(&["check-local", path.to_str().unwrap()]),
-            "read through a new mount",
-        );
-    }
     assert_ok(&m.unmount(&[]), "unmount");
 }
 
-#[test]
-fn two_s3_mounts_write_interleaved_chunks_of_the_same_shards() {
-    let server = S3Server::start(BUCKET);
+fn two_mounts_write_interleaved_chunks_of_the_same_shards(kind: Kind) {
+    let server = StoreServer::start(kind);
     let args = ["--chunks-per-shard", "4", "--idle-flush", "0.2"];
-    let (a, _ca) = mount(&server.endpoint(), "shared", &args);
+    let (a, _ca) = mount(&server, "shared", &args);
     create_shared(&a.path("a"));
     // The second mount finds the array in the bucket.
-    let (b, _cb) = mount(&server.endpoint(), "shared", &args);
+    let (b, _cb) = mount(&server, "shared", &args);
     // tensorstore fsyncs every chunk; each mount writes its shards as they idle, over the
     // other mount's versions.
     all_succeed(vec![
@@ -184,19 +141,17 @@ fn two_s3_mounts_write_interleaved_chunks_of_the_same_shards() {
     eprintln!("conflicts met and merged again: {conflicts}");
     assert_ok(&a.unmount(&[]), "unmount a");
     assert_ok(&b.unmount(&[]), "unmount b");
-    let url = server.endpoint();
     assert_ok(
-        &clients(&["check-shared", &url, "shared/a"]),
+        &clients(&["check-shared", &server.native(), "shared/a"]),
         "every chunk landed",
     );
 }
 
-#[test]
-fn a_store_that_goes_away_loses_nothing() {
-    let server = S3Server::start(BUCKET);
-    let proxy = Proxy::start(server.port);
+fn a_store_that_goes_away_loses_nothing(kind: Kind) {
+    let server = StoreServer::start(kind);
+    let proxy = &server.proxy;
     let (m, _cache) = mount(
-        &proxy.endpoint(),
+        &server,
         "gone",
         &["--chunks-per-shard", "2", "--idle-flush", "600"],
     );
@@ -245,7 +200,7 @@ fn a_store_that_goes_away_loses_nothing() {
     );
     let text = String::from_utf8_lossy(&flushed.stdout);
     assert_eq!(flushed.status.code(), Some(1), "{text}");
-    assert!(text.contains("s3://shardfs-test/gone/z/c/"), "{text}");
+    assert!(text.contains(&server.url("gone/z/c/")), "{text}");
     assert!(text.contains("writing: 8 shards"), "{text}");
     // What was written stays, in memory, and unmounting refuses to drop it.
     let refused = m.unmount(&[]);
@@ -265,7 +220,12 @@ fn a_store_that_goes_away_loses_nothing() {
     // Nothing reached the store while it was gone; a shard whose chunks the writer wrote
     // again after it was complete is written again (and the first rename once the store
     // is back retries every shard that failed: one more write of the shard it completes).
-    let shards = versions(&server, "gone/z/c/");
+    let shards: Vec<(String, usize)> = server
+        .keys("gone/z/c/")
+        .into_iter()
+        .map(|k| (server.puts(&k), k))
+        .map(|(n, k)| (k, n))
+        .collect();
     assert_eq!(shards.len(), 8, "{shards:?}");
     assert!(
         shards.iter().all(|(_, n)| (1..=3).contains(n)),
@@ -275,26 +235,23 @@ fn a_store_that_goes_away_loses_nothing() {
         shards.iter().filter(|(_, n)| *n == 3).count() <= 1,
         "{shards:?}"
     );
-    let url = server.endpoint();
     assert_ok(
-        &clients(&["check-zarr", &url, "gone/z"]),
+        &clients(&["check-zarr", &server.native(), "gone/z"]),
         "everything landed",
     );
 }
 
-#[test]
-fn a_shard_changed_between_read_and_write_is_merged_again() {
-    let server = S3Server::start(BUCKET);
-    let proxy = Proxy::start(server.port);
+fn a_shard_changed_between_read_and_write_is_merged_again(kind: Kind) {
+    let server = StoreServer::start(kind);
     let args = ["--chunks-per-shard", "4", "--idle-flush", "600"];
-    let (m, _cache) = mount(&proxy.endpoint(), "conf", &args);
+    let (m, _cache) = mount(&server, "conf", &args);
     create_shared(&m.path("a"));
     // Chunk 0 through the mount: its shard (the 4x4 chunks at the top left) waits,
     // incomplete.
     python_chunk(&m.path("a"), 0);
     // The mount's PUT of that shard is held back; meanwhile a native writer puts chunk 1
     // into the same shard, so the version the mount read is no longer the one there.
-    let (seen, release) = proxy.hold_once("PUT /shardfs-test/conf/a/c/0/0 ");
+    let (seen, release) = server.proxy.hold_once("PUT", "conf/a/c/0/0");
     let unmount = {
         let mountpoint = m.mountpoint.clone();
         std::thread::spawn(move || {
@@ -306,9 +263,8 @@ fn a_shard_changed_between_read_and_write_is_merged_again() {
     };
     seen.recv_timeout(Duration::from_secs(60))
         .expect("the mount writes the shard at unmount");
-    let url = server.endpoint();
     assert_ok(
-        &clients(&["native-chunk", &url, "conf/a", "1"]),
+        &clients(&["native-chunk", &server.native(), "conf/a", "1"]),
         "native write",
     );
     release.send(()).unwrap();
@@ -317,19 +273,25 @@ fn a_shard_changed_between_read_and_write_is_merged_again() {
     // Without its precondition the mount's PUT would have dropped chunk 1.
     let check = format!(
         "import sys; sys.path.insert(0, {:?}); import s3_clients, shared, zarr\n\
-         a = zarr.open_array(s3_clients.native_store({url:?}), path='conf/a', mode='r')[...]\n\
+         a = zarr.open_array(s3_clients.native_store({:?}), path='conf/a', mode='r')[...]\n\
          assert (a[shared.region(0)] == 1).all(), 'chunk 0 (the mount) lost'\n\
          assert (a[shared.region(1)] == 2).all(), 'chunk 1 (native) lost'\n\
          s3_clients.done()",
-        script("")
+        script(""),
+        server.native()
     );
     common::mount::python_ok("both chunks in the shard", &check, &[]);
-    let shard = versions(&server, "conf/a/c/0/0");
-    assert_eq!(
-        shard,
-        vec![("conf/a/c/0/0".to_string(), 2)],
-        "native's, then the merge"
-    );
+    // The held PUT failed its precondition; the merge that followed is the one that landed.
+    let refused = server
+        .proxy
+        .requests()
+        .iter()
+        .filter(|r| r.method == "PUT" && r.path.ends_with("conf/a/c/0/0"))
+        // (Azure answers a create over an existing blob with 409.)
+        .filter(|r| matches!(r.status, Some(412 | 409)))
+        .count();
+    assert!(refused >= 1, "{:?}", server.proxy.requests());
+    assert_eq!(server.puts("conf/a/c/0/0"), 1, "the merge, once");
 }
 
 /// Writes chunk `k` of shared.py's array at `path` (value k + 1) with plain file I/O.
@@ -349,12 +311,11 @@ fn python_chunk(path: &Path, k: u64) {
     assert_ok(&out, "chunk through the mount");
 }
 
-#[test]
-fn fsynced_chunks_of_a_killed_s3_mount_land_from_its_local_journal() {
-    let server = S3Server::start(BUCKET);
+fn fsynced_chunks_of_a_killed_mount_land_from_its_local_journal(kind: Kind) {
+    let server = StoreServer::start(kind);
     let cache = tempfile::tempdir().unwrap();
     let args = ["--chunks-per-shard", "8", "--idle-flush", "600"];
-    let m = mount_with_cache(&server.endpoint(), "crash", cache.path(), &args);
+    let m = mount_with_cache(&server, "crash", cache.path(), &args);
     create_shared(&m.path("a"));
     // 63 of the 64 chunks of the array's one shard, each fsynced: the shard waits for the
     // last one, its chunks only in memory and in the journal on this node's disk.
@@ -369,54 +330,36 @@ fn fsynced_chunks_of_a_killed_s3_mount_land_from_its_local_journal() {
                 \x20   os.close(fd)";
     common::mount::python_ok("fsynced chunks", code, &[&m.path("a")]);
     assert!(
-        versions(&server, "crash/a/c/").is_empty(),
+        server.keys("crash/a/c/").is_empty(),
         "nothing in the store yet"
     );
     m.kill_daemon();
     drop(m);
     // The next mount on this node (same cache, named as the journal's place) replays the
     // journal into the store.
-    let url = format!("s3://{BUCKET}/crash");
     let mut again_args = vec!["--journal-dir", cache.path().to_str().unwrap()];
     again_args.extend_from_slice(&args);
-    let again = Mounted::with_env(
-        Path::new(&url),
-        &again_args,
-        &s3_env(&server.endpoint()),
-        LIMIT,
-    );
+    let url = server.url("crash");
+    let again = Mounted::with_env(Path::new(&url), &again_args, &server.env(), LIMIT);
     assert_ok(&again.unmount(&[]), "unmount");
     drop(again);
-    let url = server.endpoint();
     let check = format!(
         "import sys; sys.path.insert(0, {:?}); import s3_clients, shared, zarr\n\
-         a = zarr.open_array(s3_clients.native_store({url:?}), path='crash/a', mode='r')[...]\n\
+         a = zarr.open_array(s3_clients.native_store({:?}), path='crash/a', mode='r')[...]\n\
          lost = [k for k in range(63) if not (a[shared.region(k)] == k + 1).all()]\n\
          assert not lost, lost\n\
          assert (a[shared.region(63)] == 0).all()\n\
          s3_clients.done()",
-        script("")
+        script(""),
+        server.native()
     );
     common::mount::python_ok("every fsynced chunk landed", &check, &[]);
 }
 
-/// The keys the bucket holds now below `prefix`.
-fn keys(server: &S3Server, prefix: &str) -> Vec<String> {
-    server
-        .python(&format!(
-            "r = s3.list_objects_v2(Bucket={BUCKET:?}, Prefix={prefix:?})\n\
-             print('\\n'.join(o['Key'] for o in r.get('Contents', [])))"
-        ))
-        .lines()
-        .map(str::to_string)
-        .collect()
-}
-
-#[test]
-fn an_object_mount_publishes_new_files_and_refuses_what_it_cannot() {
-    let server = S3Server::start(BUCKET);
+fn an_object_mount_publishes_new_files_and_refuses_what_it_cannot(kind: Kind) {
+    let server = StoreServer::start(kind);
     let cache = tempfile::tempdir().unwrap();
-    let m = mount_with_cache(&server.endpoint(), "files", cache.path(), &[]);
+    let m = mount_with_cache(&server, "files", cache.path(), &[]);
     let code = "import os, sys\n\
                 open(os.path.join(sys.argv[1], 'notes.txt'), 'w').write('hello')\n\
                 os.makedirs(os.path.join(sys.argv[1], 'd'))\n\
@@ -426,11 +369,11 @@ fn an_object_mount_publishes_new_files_and_refuses_what_it_cannot() {
     let second = tempfile::tempdir().unwrap();
     let refused = run_timeout(
         Command::new(env!("CARGO_BIN_EXE_shardfs"))
-            .args(["mount", &format!("s3://{BUCKET}/files")])
+            .args(["mount", &server.url("files")])
             .arg(second.path())
             .arg("--cache-dir")
             .arg(cache.path())
-            .envs(s3_env(&server.endpoint())),
+            .envs(server.env()),
         Duration::from_secs(60),
     );
     assert!(!refused.status.success(), "a second mount of one cache");
@@ -438,11 +381,8 @@ fn an_object_mount_publishes_new_files_and_refuses_what_it_cannot() {
     assert_ok(&m.unmount(&[]), "unmount");
     drop(m);
     // New files were held in memory and published whole.
-    assert_eq!(
-        keys(&server, "files/"),
-        vec!["files/d/f", "files/notes.txt"]
-    );
-    let m = mount_with_cache(&server.endpoint(), "files", cache.path(), &[]);
+    assert_eq!(server.keys("files/"), vec!["files/d/f", "files/notes.txt"]);
+    let m = mount_with_cache(&server, "files", cache.path(), &[]);
     let code = "import errno, os, sys\n\
                 os.chdir(sys.argv[1])\n\
                 assert open('notes.txt').read() == 'hello'\n\
@@ -454,15 +394,11 @@ fn an_object_mount_publishes_new_files_and_refuses_what_it_cannot() {
                 assert open('moved.txt').read() == 'hello'";
     common::mount::python_ok("refusals and a move", code, &[&m.mountpoint]);
     assert_ok(&m.unmount(&[]), "unmount");
-    assert_eq!(
-        keys(&server, "files/"),
-        vec!["files/d/f", "files/moved.txt"]
-    );
+    assert_eq!(server.keys("files/"), vec!["files/d/f", "files/moved.txt"]);
 }
 
-#[test]
-fn chunk_files_copied_in_before_their_metadata_are_sharded() {
-    let server = S3Server::start(BUCKET);
+fn chunk_files_copied_in_before_their_metadata_are_sharded(kind: Kind) {
+    let server = StoreServer::start(kind);
     // An unsharded array written natively beside the mount.
     let local = tempfile::tempdir().unwrap();
     let src = local.path().join("a");
@@ -471,7 +407,7 @@ fn chunk_files_copied_in_before_their_metadata_are_sharded() {
         spawn_shared(&["write", src.to_str().unwrap(), "0", "1"]),
         spawn_shared(&["write", src.to_str().unwrap(), "1", "1"]),
     ]);
-    let (m, _cache) = mount(&server.endpoint(), "imp", &["--chunks-per-shard", "4"]);
+    let (m, _cache) = mount(&server, "imp", &["--chunks-per-shard", "4"]);
     // The chunk files first (held in memory: the directory is no array yet), then zarr.json.
     std::fs::create_dir(m.path("a")).unwrap();
     let cp = Command::new("cp")
@@ -483,13 +419,12 @@ fn chunk_files_copied_in_before_their_metadata_are_sharded() {
     assert_ok(&cp, "cp -r c");
     std::fs::copy(src.join("zarr.json"), m.path("a/zarr.json")).unwrap();
     assert_ok(&m.unmount(&[]), "unmount");
-    let url = server.endpoint();
     assert_ok(
-        &clients(&["check-shared", &url, "imp/a"]),
+        &clients(&["check-shared", &server.native(), "imp/a"]),
         "every chunk, sharded",
     );
     // Only shards (4 of them) below the array: no chunk file reached the store as it was.
-    let stored = keys(&server, "imp/a/c/");
+    let stored = server.keys("imp/a/c/");
     assert_eq!(stored.len(), 4, "{stored:?}");
 }
 
@@ -501,4 +436,293 @@ fn a_file_url_is_its_directory() {
     std::fs::write(m.path("x"), b"y").unwrap();
     assert_ok(&m.unmount(&[]), "unmount");
     assert_eq!(std::fs::read(dir.path().join("x")).unwrap(), b"y");
+}
+
+// Between nodes: each mount has a cache of its own, as on a machine of its own.
+
+/// `shardfs flush` of the mount `m`, which must succeed.
+fn flush(m: &Mounted) {
+    assert_ok(
+        &common::mount::shardfs_timeout(
+            &["flush", m.mountpoint.to_str().unwrap()],
+            Duration::from_secs(120),
+        ),
+        "flush",
+    );
+}
+
+/// Writes `bytes` to `path` and fsyncs it.
+fn write_fsynced(path: &Path, bytes: &[u8]) {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).unwrap();
+    f.write_all(bytes).unwrap();
+    f.sync_all().unwrap();
+}
+
+/// Issue 19, defect 1: node A replaces a 4 MiB chunk (one per shard) while node B reads it.
+/// B's open handle returned the old version's first MiB and the new one's rest, and fresh
+/// opens kept the old pages for good. One open sees one version or fails (ESTALE) as a
+/// whole; a fresh open after the TTL sees the newest, through the kernel's page cache.
+fn one_open_sees_one_version_and_a_fresh_open_the_newest(kind: Kind) {
+    let server = StoreServer::start(kind);
+    let args = ["--chunks-per-shard", "1", "--idle-flush", "600"];
+    let (a, _ca) = mount(&server, "ver", &args);
+    let fill = "import sys, zarr\n\
+                a = zarr.open_array(sys.argv[1], mode='r+'); a[:] = int(sys.argv[2])";
+    let array = a.path("big");
+    let create = "import sys, zarr\n\
+                  zarr.create_array(sys.argv[1], shape=(4 << 20,), chunks=(4 << 20,), \
+                  dtype='uint8', compressors=None, fill_value=0)";
+    common::mount::python_ok("the array made", create, &[&array]);
+    common::mount::python_ok("0x11 written", fill, &[&array, Path::new("17")]);
+    flush(&a);
+    let (b, _cb) = mount(&server, "ver", &args);
+    let reader = "import errno, os, sys, time, zarr\n\
+        p = sys.argv[1]; chunk = os.path.join(p, 'c', '0'); MiB = 1 << 20\n\
+        fd = os.open(chunk, os.O_RDONLY)\n\
+        first = os.pread(fd, MiB, 0)\n\
+        assert first == b'\\x11' * MiB, 'the first MiB'\n\
+        print('ready', flush=True); sys.stdin.readline()\n\
+        try:\n\
+        \x20   whole = first + b''.join(os.pread(fd, MiB, o) for o in range(MiB, 4 * MiB, MiB))\n\
+        \x20   assert whole == b'\\x11' * (4 * MiB), f'one open saw two versions: {whole.count(0x11)} bytes of the old one'\n\
+        except OSError as e:\n\
+        \x20   assert e.errno == errno.ESTALE, e\n\
+        \x20   print('ESTALE', file=sys.stderr)\n\
+        os.close(fd)\n\
+        time.sleep(2.5)\n\
+        now = open(chunk, 'rb').read()\n\
+        assert now == b'\\x22' * (4 * MiB), f'a fresh open: {now.count(0x11)} bytes of the old version'\n\
+        assert (zarr.open_array(p, mode='r')[...] == 0x22).all(), 'zarr-python through the node'";
+    let mut child = Command::new(common::python())
+        .args(["-c", reader])
+        .arg(b.path("big"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "ready", "the reader on B");
+    common::mount::python_ok("0x22 written", fill, &[&array, Path::new("34")]);
+    flush(&a);
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), b"go\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_ok(&out, "B read one version per open, then the newest");
+}
+
+/// The other side of defect 1's fix: a shard this mount rewrites for another chunk still
+/// holds the chunk an open handle reads (same stamp), so that handle reads on, never
+/// ESTALE, although the version it pinned is gone from the store.
+fn a_reader_is_never_stale_for_a_rewrite_of_other_chunks(kind: Kind) {
+    let server = StoreServer::start(kind);
+    let (m, _cache) = mount(
+        &server,
+        "own",
+        &["--chunks-per-shard", "2", "--idle-flush", "600"],
+    );
+    let code = "import os, subprocess, sys, zarr\n\
+        p, shardfs, mnt = sys.argv[1:4]; MiB = 1 << 20\n\
+        a = zarr.create_array(p, shape=(8 * MiB,), chunks=(4 * MiB,), dtype='uint8', \
+        compressors=None, fill_value=0)\n\
+        a[:4 * MiB] = 0x11\n\
+        subprocess.run([shardfs, 'flush', mnt], check=True)\n\
+        fd = os.open(os.path.join(p, 'c', '0'), os.O_RDONLY)\n\
+        first = os.pread(fd, MiB, 0)\n\
+        a[4 * MiB:] = 0x33\n\
+        subprocess.run([shardfs, 'flush', mnt], check=True)\n\
+        whole = first + b''.join(os.pread(fd, MiB, o) for o in range(MiB, 4 * MiB, MiB))\n\
+        assert whole == b'\\x11' * (4 * MiB), 'chunk 0 changed'";
+    common::mount::python_ok(
+        "chunk 0 read on while chunk 1 is written",
+        code,
+        &[
+            &m.path("a"),
+            Path::new(env!("CARGO_BIN_EXE_shardfs")),
+            &m.mountpoint,
+        ],
+    );
+    assert!(
+        server.puts("own/a/c/0") >= 2,
+        "{:?}",
+        server.proxy.requests()
+    );
+    assert_ok(&m.unmount(&[]), "unmount");
+}
+
+/// Issue 19, defect 2: A fsyncs chunk 0 (journal only) and is killed; B writes chunk 0
+/// anew and unmounts; A's next mount, on the same cache, replays its journal: its record is
+/// older than what the store holds and must not replace it.
+fn a_killed_nodes_journal_never_overwrites_a_newer_write(kind: Kind) {
+    let server = StoreServer::start(kind);
+    let cache = tempfile::tempdir().unwrap();
+    let args = ["--chunks-per-shard", "8", "--idle-flush", "600"];
+    let a = mount_with_cache(&server, "late", cache.path(), &args);
+    std::fs::create_dir(a.path("x")).unwrap();
+    std::fs::write(a.path("x/zarr.json"), common::LINE_ARRAY).unwrap();
+    std::fs::create_dir(a.path("x/c")).unwrap();
+    write_fsynced(&a.path("x/c/0"), &[1; 16]);
+    a.kill_daemon();
+    drop(a);
+    let (b, _cb) = mount(&server, "late", &args);
+    std::fs::create_dir_all(b.path("x/c")).unwrap();
+    write_fsynced(&b.path("x/c/0"), &[2; 16]);
+    assert_ok(&b.unmount(&[]), "unmount B");
+    drop(b);
+    let again = mount_with_cache(&server, "late", cache.path(), &args);
+    // The record was read and judged older than the store's chunk (the replay rule).
+    let log = again.log_text();
+    assert!(log.contains("journaled chunk not replayed"), "{log}");
+    assert_ok(&again.unmount(&[]), "unmount A after its replay");
+    drop(again);
+    let (c, _cc) = mount(&server, "late", &[]);
+    assert_eq!(
+        std::fs::read(c.path("x/c/0")).unwrap(),
+        vec![2; 16],
+        "B's write, newer than A's record"
+    );
+    assert_ok(&c.unmount(&[]), "unmount");
+}
+
+/// A 1-D uint8 array of 8 chunks of 32 bytes: another layout than `LINE_ARRAY`'s.
+const WIDE_ARRAY: &str = r#"{"zarr_format":3,"node_type":"array","shape":[256],"data_type":"uint8",
+"chunk_grid":{"name":"regular","configuration":{"chunk_shape":[32]}},
+"chunk_key_encoding":{"name":"default","configuration":{"separator":"/"}},
+"fill_value":0,"codecs":[{"name":"bytes"}],"attributes":{}}"#;
+
+/// Issue 19, defect 3: B has array `x` open; A removes it and makes a new `x` of another
+/// layout; B then writes a chunk and an attribute. B's stale document must not replace
+/// A's (the write fails), nor may B's chunk land as a shard of the layout B knew.
+fn a_stale_zarr_json_never_overwrites_another_nodes_new_array(kind: Kind) {
+    let server = StoreServer::start(kind);
+    let args = ["--chunks-per-shard", "8", "--idle-flush", "600"];
+    let (a, _ca) = mount(&server, "meta", &args);
+    std::fs::create_dir_all(a.path("x/c")).unwrap();
+    std::fs::write(a.path("x/zarr.json"), common::LINE_ARRAY).unwrap();
+    std::fs::write(a.path("x/c/0"), [1; 16]).unwrap();
+    flush(&a);
+    let (b, _cb) = mount(&server, "meta", &args);
+    assert_eq!(std::fs::read(b.path("x/c/0")).unwrap(), vec![1; 16]);
+    std::fs::remove_dir_all(a.path("x")).unwrap();
+    std::fs::create_dir_all(a.path("x/c")).unwrap();
+    std::fs::write(a.path("x/zarr.json"), WIDE_ARRAY).unwrap();
+    for k in 0..8 {
+        std::fs::write(a.path(&format!("x/c/{k}")), [3; 32]).unwrap();
+    }
+    assert_ok(&a.unmount(&[]), "unmount A");
+    drop(a);
+    // B, which still knows the old layout.
+    let _ = std::fs::write(b.path("x/c/1"), [2; 16]);
+    let doc = common::LINE_ARRAY.replace(r#""attributes":{}"#, r#""attributes":{"b":1}"#);
+    let refused = std::fs::write(b.path("x/zarr.json"), doc);
+    assert!(refused.is_err(), "B's stale document replaced A's");
+    let _ = b.unmount(&[]);
+    drop(b);
+    let stored = server.get("meta/x/zarr.json").expect("A's document");
+    assert!(
+        String::from_utf8_lossy(&stored).contains("[256]"),
+        "{}",
+        String::from_utf8_lossy(&stored)
+    );
+    let (c, _cc) = mount(&server, "meta", &[]);
+    for k in 0..8 {
+        assert_eq!(
+            std::fs::read(c.path(&format!("x/c/{k}"))).unwrap(),
+            vec![3; 32],
+            "chunk {k} of A's array"
+        );
+    }
+    assert_eq!(
+        server.keys("meta/x/c/"),
+        vec!["meta/x/c/0"],
+        "A's one shard"
+    );
+    assert_ok(&c.unmount(&[]), "unmount");
+}
+
+/// Issue 19, defect 5: the server comes back empty (the bucket gone). Reads are errors,
+/// never the fill value; unmount refuses, naming the URL; once the bucket is made again
+/// the unmount lands the shard together with the array's metadata.
+fn a_bucket_gone_is_an_error_never_absent(kind: Kind) {
+    let mut server = StoreServer::start(kind);
+    let args = ["--chunks-per-shard", "8", "--idle-flush", "600"];
+    let (m, _cache) = mount(&server, "lost", &args);
+    std::fs::create_dir_all(m.path("x/c")).unwrap();
+    std::fs::write(m.path("x/zarr.json"), common::LINE_ARRAY).unwrap();
+    std::fs::write(m.path("x/c/0"), [1; 16]).unwrap();
+    flush(&m);
+    server.restart_empty();
+    std::thread::sleep(Duration::from_millis(1500));
+    let eio = Some(libc::EIO);
+    assert_eq!(
+        common::mount::errno_of(std::fs::read(m.path("x/c/1"))),
+        eio,
+        "a chunk never written, in a bucket that is gone"
+    );
+    std::fs::write(m.path("x/c/2"), [2; 16]).unwrap();
+    let refused = m.unmount(&[]);
+    assert!(
+        !refused.status.success(),
+        "unmount into a bucket that is gone"
+    );
+    let text = common::stdout(&refused) + &stderr(&refused);
+    assert!(text.contains(&server.url("lost/x/c/0")), "{text}");
+    server.make_bucket();
+    assert_ok(&m.unmount(&[]), "unmount once the bucket is back");
+    drop(m);
+    assert!(
+        server.get("lost/x/zarr.json").is_some(),
+        "the array's metadata published again with its shard: {:?}",
+        server.keys("")
+    );
+    let (c, _cc) = mount(&server, "lost", &[]);
+    assert_eq!(std::fs::read(c.path("x/c/2")).unwrap(), vec![2; 16]);
+    assert_ok(&c.unmount(&[]), "unmount");
+}
+
+/// Issue 19, defect 7: four mounts write interleaved chunks of shared shards and are
+/// unmounted at once. A shard replaced by another node while it was being merged is read
+/// and merged again, like any conflict: no unmount fails.
+fn parallel_unmounts_merge_and_never_fail(kind: Kind) {
+    let server = StoreServer::start(kind);
+    let args = ["--chunks-per-shard", "4", "--idle-flush", "600"];
+    let (first, _c0) = mount(&server, "four", &args);
+    create_shared(&first.path("a"));
+    let mut mounts = vec![(first, _c0)];
+    for _ in 1..4 {
+        mounts.push(mount(&server, "four", &args));
+    }
+    let writers = mounts
+        .iter()
+        .enumerate()
+        .map(|(i, (m, _))| {
+            let parity = (i % 2).to_string();
+            spawn_shared(&["write", m.path("a").to_str().unwrap(), &parity, "1"])
+        })
+        .collect();
+    all_succeed(writers);
+    let unmounts: Vec<_> = mounts
+        .iter()
+        .map(|(m, _)| {
+            let mountpoint = m.mountpoint.clone();
+            std::thread::spawn(move || {
+                common::mount::shardfs_timeout(
+                    &["unmount", mountpoint.to_str().unwrap()],
+                    Duration::from_secs(180),
+                )
+            })
+        })
+        .collect();
+    for u in unmounts {
+        assert_ok(&u.join().unwrap(), "an unmount among four");
+    }
+    assert_ok(
+        &clients(&["check-shared", &server.native(), "four/a"]),
+        "every chunk landed",
+    );
 }

@@ -46,9 +46,12 @@ pub struct FileHandle {
     /// a rename, which clears this), writes must not land on a file at the same path,
     /// which may be a shard.
     pub as_chunk: std::sync::atomic::AtomicBool,
-    /// The stored chunk last read through this handle (its shard file open): what stays
-    /// readable when the chunk is deleted while open.
+    /// The stored chunk this handle reads (its shard's version pinned): one open reads one
+    /// version, which stays readable when the chunk is deleted while open.
     pub stored: Mutex<Option<StoredChunk>>,
+    /// How often the inode's content had been changed through the mount when `stored` was
+    /// pinned: a change since (through any handle) is read at once, as on any file.
+    pub pinned_at: AtomicU64,
     /// A document served from memory, fixed at open.
     pub bytes: Option<Bytes>,
     /// The in-memory file this handle wrote to since its last FLUSH: it counts as one of
@@ -73,6 +76,7 @@ impl FileHandle {
             backing_stale: std::sync::atomic::AtomicBool::new(false),
             as_chunk: std::sync::atomic::AtomicBool::new(false),
             stored: Mutex::new(None),
+            pinned_at: AtomicU64::new(0),
             went_to: std::sync::OnceLock::new(),
             array: std::sync::OnceLock::new(),
             bytes: None,

@@ -85,6 +85,17 @@ struct Inode {
     /// The BACKING file it is (device, inode), for regular files: its hard links are
     /// names of this one inode.
     source: Option<(u64, u64)>,
+    /// What the kernel may hold of its content (`InodeTable::serve`).
+    content: Content,
+}
+
+/// Which version of an inode's content the kernel was last given, and how often it was
+/// changed through the mount: the kernel keeps an inode's pages from one open to the next
+/// (and open handles pin the version they read) only while no one else changed it.
+#[derive(Debug, Default)]
+struct Content {
+    served: Option<Arc<str>>,
+    changes: u64,
 }
 
 #[derive(Debug)]
@@ -153,6 +164,7 @@ impl InodeTable {
                 lookups: 1,
                 generation: 0,
                 source: None,
+                content: Content::default(),
             },
         );
         InodeTable {
@@ -164,6 +176,33 @@ impl InodeTable {
             }),
             generation: AtomicU64::new(0),
         }
+    }
+
+    /// An open of `ino` gives the kernel `version` of its content: whether that differs
+    /// from the version the last open gave (its cached pages are then another version's,
+    /// to be dropped).
+    pub fn serve(&self, ino: Ino, version: Arc<str>) -> bool {
+        let mut inner = lock(&self.inner);
+        let Some(node) = inner.nodes.get_mut(&ino) else {
+            return true;
+        };
+        let before = node.content.served.replace(version.clone());
+        before.is_some_and(|b| b != version)
+    }
+
+    /// `ino`'s content was changed through the mount (a write, a truncation).
+    pub fn changed_here(&self, ino: Ino) {
+        if let Some(node) = lock(&self.inner).nodes.get_mut(&ino) {
+            node.content.changes += 1;
+        }
+    }
+
+    /// How often `ino`'s content was changed through the mount.
+    pub fn changes_here(&self, ino: Ino) -> u64 {
+        lock(&self.inner)
+            .nodes
+            .get(&ino)
+            .map_or(0, |n| n.content.changes)
     }
 
     /// The inode as it is now. A nameless (detached) inode has an empty path.
@@ -229,6 +268,7 @@ impl InodeTable {
                 lookups: 1,
                 generation,
                 source,
+                content: Content::default(),
             },
         );
         if let Some(old) = inner.by_name.insert(key, ino) {

@@ -4,6 +4,7 @@ use std::ffi::OsStr;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::SystemTime;
 
 use bytes::Bytes;
@@ -670,9 +671,17 @@ impl ShardFs {
                     // A chunk's mode is its array's (its directory's, really there).
                     self.may_write_array(array, super::namespace::Caller::asking(by))?;
                     let _ = handle.array.set(array.clone());
+                    self.inodes.changed_here(ino);
                 }
                 self.open_chunk(array, coords, truncate, &mut handle)?;
-                (true, false)
+                // The kernel's pages of the chunk are kept only while they are of the
+                // version this open reads (a rewrite elsewhere may keep size and mtime).
+                let stored = lock(&handle.stored).clone();
+                handle
+                    .pinned_at
+                    .store(self.inodes.changes_here(ino), Relaxed);
+                let version = stored.map_or_else(|| Arc::from("here"), |c| c.version());
+                (!self.inodes.serve(ino, version), false)
             }
             NodeKind::Dir | NodeKind::ArrayDir(_) | NodeKind::ChunkDir { .. } => {
                 return Err(FsError::IsDir);
@@ -816,43 +825,58 @@ impl ShardFs {
         }
         match &info.kind {
             NodeKind::Temp(file) => Ok(Bytes::from(file.read(offset, size))),
-            NodeKind::Chunk { array, coords } => {
-                match self.shards.chunk(&self.backing, array, coords)? {
-                    ChunkData::Pending(file) => Ok(Bytes::from(file.read(offset, size))),
-                    // Index and bytes come from the one version the index was read from.
-                    ChunkData::Stored(c) => {
-                        let data = match c.read_part(offset, size) {
-                            // Replaced in the store since its version was last seen (an
-                            // object store cannot read an old version): look again, once.
-                            Err(FsError::Io(e)) if e.raw_os_error() == Some(libc::ESTALE) => {
-                                self.shards.forget_seen(array, coords);
-                                let again = self.shards.chunk(&self.backing, array, coords)?;
-                                return match again {
-                                    ChunkData::Stored(c) => c.read_part(offset, size),
-                                    ChunkData::Pending(f) => Ok(Bytes::from(f.read(offset, size))),
-                                    _ => Ok(Bytes::new()),
-                                };
-                            }
-                            other => other?,
-                        };
-                        *lock(&h.stored) = Some(c);
-                        Ok(data)
-                    }
-                    ChunkData::Damaged { shard, reason, .. } => Err(FsError::damaged_shard(
-                        &array.chunk_rel(coords),
-                        &shard,
-                        &reason,
-                    )),
-                    // Deleted since open: what was open stays readable.
-                    ChunkData::Absent => match lock(&h.stored).as_ref() {
-                        Some(c) => c.read_part(offset, size),
-                        None => Ok(Bytes::new()),
-                    },
-                }
-            }
+            NodeKind::Chunk { array, coords } => self.read_chunk(h, array, coords, offset, size),
             // Never by its path: whatever is there now may be someone else's file.
             NodeKind::File => Err(FsError::Stale),
             _ => Err(FsError::IsDir),
+        }
+    }
+
+    /// Reads a chunk through handle `h`. One open reads one version of it: the one it
+    /// first read, pinned, so that another writer's new version (another mount's, a native
+    /// one's) never mixes into what it already read. A change made through this mount to
+    /// this very file is read at once, as on any file system; the pinned version also stays
+    /// readable when the chunk is deleted. A version gone from an object store (which keeps
+    /// none but the newest) fails as a whole (ESTALE), unless the shard was only rewritten
+    /// for other chunks and still holds this one's content.
+    fn read_chunk(
+        &self,
+        h: &super::handle::FileHandle,
+        array: &Arc<super::array::ArrayState>,
+        coords: &[u64],
+        offset: u64,
+        size: u64,
+    ) -> Result<Bytes, FsError> {
+        let changes = self.inodes.changes_here(h.ino);
+        let pinned = lock(&h.stored).clone();
+        if let Some(c) = pinned.filter(|_| h.pinned_at.load(Relaxed) == changes) {
+            return match c.read_part(offset, size) {
+                Err(FsError::Io(e)) if e.raw_os_error() == Some(libc::ESTALE) => {
+                    self.shards.forget_seen(array, coords);
+                    match self.shards.chunk(&self.backing, array, coords)? {
+                        ChunkData::Stored(now) if c.same_content(&now) => {
+                            *lock(&h.stored) = Some(now.clone());
+                            now.read_part(offset, size)
+                        }
+                        _ => Err(FsError::Io(e)),
+                    }
+                }
+                other => other,
+            };
+        }
+        match self.shards.chunk(&self.backing, array, coords)? {
+            ChunkData::Pending(file) => Ok(Bytes::from(file.read(offset, size))),
+            ChunkData::Stored(c) => {
+                *lock(&h.stored) = Some(c.clone());
+                h.pinned_at.store(changes, Relaxed);
+                c.read_part(offset, size)
+            }
+            ChunkData::Damaged { shard, reason, .. } => Err(FsError::damaged_shard(
+                &array.chunk_rel(coords),
+                &shard,
+                &reason,
+            )),
+            ChunkData::Absent => Ok(Bytes::new()),
         }
     }
 

@@ -163,6 +163,7 @@ impl ShardFs {
             return Err(FsError::Stale);
         }
         check_size(&info.rel, offset.checked_add(data.len() as u64))?;
+        self.inodes.changed_here(h.ino);
         let segment = Bytes::copy_from_slice(data);
         self.change_file(Some(h), &info.kind, |d| d.write(offset, segment.clone()))?;
         Ok(data.len() as u32)
@@ -484,6 +485,7 @@ impl ShardFs {
                 self.shards
                     .open_for_write(&self.backing, array, coords, true)?;
             }
+            self.inodes.changed_here(info.ino);
             // A truncation through an open handle counts as that handle's write.
             let handle = set.fh.and_then(|fh| self.handles.get(fh).ok());
             let writer = match handle.as_deref() {

@@ -1,10 +1,11 @@
 //! Helpers shared by the integration tests: the pinned Python clients and the shardfs binary.
 #![allow(dead_code)]
 
-pub mod azure;
 pub mod cutfs;
 pub mod mount;
+pub mod proxy;
 pub mod s3;
+pub mod stores;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

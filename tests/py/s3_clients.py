@@ -83,9 +83,15 @@ def done():
 
 
 def native_store(url):
-    """The bucket (container) at the server `url`: an S3 endpoint, or `azurite:ENDPOINT`."""
+    """The bucket (container) at the server `url`: an S3 endpoint, `azurite:ENDPOINT`, or
+    `gcs:ENDPOINT|SERVICE_ACCOUNT_FILE` (the XML layer in front of fake-gcs-server)."""
     import obstore.store
     import zarr.storage
+    if url.startswith("gcs:"):
+        endpoint, account = url[len("gcs:"):].split("|")
+        return zarr.storage.ObjectStore(obstore.store.GCSStore(
+            BUCKET, config={"base_url": endpoint, "service_account_path": account},
+            client_options={"allow_http": True}))
     if url.startswith("azurite:"):
         os.environ["AZURITE_BLOB_STORAGE_URL"] = url[len("azurite:"):]
         return zarr.storage.ObjectStore(obstore.store.AzureStore(BUCKET, use_emulator=True))

@@ -565,13 +565,15 @@ impl ShardRegistry {
                 reason,
                 mtime: open.stored.mtime,
             },
-            Ok(index) => match index.get(loc.pos) {
+            Ok(ref index) => match index.get(loc.pos) {
                 None => ChunkData::Absent,
                 Some(range) => ChunkData::Stored(StoredChunk {
                     rel,
                     range,
                     mtime: open.stored.mtime,
                     file: open.file,
+                    pos: loc.pos,
+                    shard: Arc::new(open.stored.clone()),
                 }),
             },
         })

@@ -217,10 +217,10 @@ impl ShardRegistry {
         self.stamps_of(&open)?.get(pos).copied().filter(|s| *s != 0)
     }
 
-    /// The stamps of a stored shard (`OpenShard::stamps`). Not on an object store: one
-    /// more GET per version, for no reader there yet.
+    /// The stamps of a stored shard (`OpenShard::stamps`). On an object store they come
+    /// with the index at the end (`open_shard`), at no request of their own.
     pub(super) fn stamps_of(&self, open: &super::OpenShard) -> Option<Arc<Vec<u64>>> {
-        self.store_is_backing.then(|| open.stamps()).flatten()
+        open.stamps()
     }
 
     /// Makes the slot's shard durable if this mount wrote (or removed) it without syncing:

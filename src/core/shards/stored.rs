@@ -67,9 +67,41 @@ pub struct StoredChunk {
     pub range: ChunkRange,
     pub mtime: SystemTime,
     pub file: Arc<dyn Blob>,
+    /// Its position in the shard, and the shard version's index (for its stamp).
+    pub(crate) pos: usize,
+    pub(crate) shard: Arc<StoredIndex>,
 }
 
 impl StoredChunk {
+    /// Which version of the chunk's content this is: the shard's version and where in it.
+    pub fn version(&self) -> Arc<str> {
+        format!(
+            "{}@{}+{}",
+            self.file.info().tag,
+            self.range.offset,
+            self.range.nbytes
+        )
+        .into()
+    }
+
+    /// When the chunk got this content, if the shard says (shardfs wrote it). An object
+    /// store's shard brings its stamps with its index (`open_shard`), so this needs no
+    /// request even once the version is gone from the store.
+    pub fn stamp(&self) -> Option<u64> {
+        let open = OpenShard {
+            file: self.file.clone(),
+            stored: (*self.shard).clone(),
+        };
+        open.stamps()?.get(self.pos).copied().filter(|&t| t != 0)
+    }
+
+    /// Whether `other` (another version of its shard) holds the same content of the chunk:
+    /// the same stamp and size. A shard rewritten for other chunks keeps this one's stamp.
+    pub fn same_content(&self, other: &StoredChunk) -> bool {
+        self.range.nbytes == other.range.nbytes
+            && self.stamp().is_some_and(|t| other.stamp() == Some(t))
+    }
+
     /// The whole chunk, in memory: refused (EFBIG) when its index says more than a file
     /// may hold (`read_whole_chunk`).
     pub fn read(&self) -> Result<Bytes, FsError> {
@@ -96,8 +128,12 @@ pub(crate) fn open_shard(
     format: &IndexFormat,
     cached: Option<&StoredIndex>,
 ) -> Result<Option<OpenShard>, FsError> {
+    // The stamps (`shard::stamps`) lie just before an index at the end: fetched with it,
+    // they cost no request of their own.
     let tail = match format.location {
-        IndexLocation::End => format.encoded_len(),
+        IndexLocation::End => {
+            format.encoded_len() + crate::shard::stamps::block_len(format.n_chunks())
+        }
         IndexLocation::Start => 0,
     };
     let Some(file) = store.open(rel, tail).map_err(std::io::Error::from)? else {

@@ -398,7 +398,10 @@ impl ShardJob<'_> {
     fn run(&self, reg: &ShardRegistry) -> Result<Written, FsError> {
         let mut conflicts = 0;
         loop {
-            match self.attempt(reg) {
+            match self
+                .attempt(reg)
+                .map_err(|e| stale_is_conflict(e, reg, self.rel))
+            {
                 Err(FsError::Conflict(what)) if conflicts < MAX_CONFLICTS => {
                     conflicts += 1;
                     Stats::add(&reg.stats.write_conflicts, 1);
@@ -746,6 +749,17 @@ pub fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
 /// How many times a shard write reads and merges again because another writer's version
 /// came in between, before it gives up (EBUSY); each retry means that writer made progress.
 const MAX_CONFLICTS: u32 = 64;
+
+/// A version replaced while it was being read for a merge (ESTALE: an object store cannot
+/// read an old version) is a conflict like one found at the write: read and merge again.
+fn stale_is_conflict(e: FsError, reg: &ShardRegistry, rel: &Path) -> FsError {
+    match e {
+        FsError::Io(io) if io.raw_os_error() == Some(libc::ESTALE) => {
+            FsError::Conflict(reg.describe(rel))
+        }
+        other => other,
+    }
+}
 
 fn store_err(e: StoreError) -> FsError {
     match e {
