@@ -270,13 +270,14 @@ fn object_core(
             .map_err(|e| store_error(url, e))?
             .with_multipart_above(config.multipart_above),
     );
-    let (_, held) =
+    let (mirrored, held) =
         crate::store::mirror::prepare(&*store, url, backing).map_err(|e| store_error(url, e))?;
     // Held as long as the process lives: the cache is this mount's.
     std::mem::forget(held);
+    let published = crate::store::mirror::Published::new(store.clone(), mirrored.tags);
     Ok(
-        ShardFs::with_store(local, store.clone(), false, daemon, config.write.clone())
-            .publishing_to(store),
+        ShardFs::with_store(local, store, false, daemon, config.write.clone())
+            .publishing_to(Arc::new(published)),
     )
 }
 

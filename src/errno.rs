@@ -24,7 +24,12 @@ impl ToErrno for FsError {
             FsError::Conflict(_) => libc::EBUSY,
             FsError::Failed(_, errno) => *errno,
             FsError::Refused(r) => r.rule.to_errno(),
-            FsError::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
+            FsError::Io(e) => e.raw_os_error().unwrap_or(match e.kind() {
+                // A write that lost to another node's (`store::mirror::Published`), said
+                // with its reason.
+                std::io::ErrorKind::StaleNetworkFileHandle => libc::ESTALE,
+                _ => libc::EIO,
+            }),
         }
     }
 }

@@ -49,6 +49,12 @@ impl FsError {
         FsError::Refused(Box::new(Refusal::new(file, rule, detail)))
     }
 
+    /// A publication to an object store that lost to another node's newer version
+    /// (`store::mirror::Published`): not to be tried again.
+    pub fn lost_to_another_node(&self) -> bool {
+        matches!(self, FsError::Io(e) if e.kind() == io::ErrorKind::StaleNetworkFileHandle)
+    }
+
     /// Refuses a read of `chunk` whose shard (`shard`, as the store names it) is damaged.
     pub fn damaged_shard(chunk: &std::path::Path, shard: &str, reason: &IndexError) -> FsError {
         FsError::refused(

@@ -232,7 +232,13 @@ impl ShardFs {
         }
         self.still_where_made(file)?;
         let segments = file.snapshot().data.segments();
-        let written = self.write_whole(rel, &segments, durable, file.maker())?;
+        let written = match self.write_whole(rel, &segments, durable, file.maker()) {
+            Err(e) if e.lost_to_another_node() => {
+                self.forsake_lost(rel, file);
+                return Err(e);
+            }
+            other => other?,
+        };
         self.drop_temp_if(rel, file);
         for ino in self.inodes.rekind_file(file, NodeKind::File) {
             self.handles.went_to(ino, &written);
@@ -303,10 +309,24 @@ impl ShardFs {
             Err(FsError::Refused(r)) if data.is_empty() => {
                 info!(file = %rel.display(), "an emptied zarr.json left as it was: {r}");
             }
+            Err(e) if e.lost_to_another_node() => {
+                self.forsake_lost(rel, file);
+                return Err(e);
+            }
             other => other?,
         }
         self.drop_temp_if(rel, file);
         Ok(())
+    }
+
+    /// A file held in memory whose publication lost to another node's newer version: it
+    /// is dropped, never tried again over that version, and its name shows the version
+    /// the mount took from the store.
+    pub(crate) fn forsake_lost(&self, rel: &Path, file: &Arc<MemFile>) {
+        warn!(file = %rel.display(), "another node changed it first: this mount's version dropped");
+        self.drop_temp_if(rel, file);
+        let kind = self.resolve_path(rel).unwrap_or(NodeKind::File);
+        self.inodes.rekind_file(file, kind);
     }
 
     pub fn stats(&self) -> StatsReport {

@@ -111,7 +111,7 @@ pub struct ShardFs {
     /// For an object-store mount: the store where what the core writes to BACKING outside
     /// the shards (metadata documents, files written out) is published, BACKING being a
     /// local mirror of it (`store::mirror`).
-    pub(crate) published: Option<Arc<dyn crate::store::Store>>,
+    pub(crate) published: Option<Arc<crate::store::mirror::Published>>,
     /// Where refused requests are logged, and counted.
     pub refusals: Arc<refusal::RefusalLog>,
     /// `shardfs unmount --give-up` asked: the final flush is tried once, not retried.
@@ -193,7 +193,7 @@ impl ShardFs {
 
     /// Publishes what is written to BACKING outside the shards to `store` (BACKING is
     /// then a mirror of it).
-    pub fn publishing_to(mut self, store: Arc<dyn crate::store::Store>) -> ShardFs {
+    pub fn publishing_to(mut self, store: Arc<crate::store::mirror::Published>) -> ShardFs {
         self.published = Some(store);
         self
     }
@@ -208,9 +208,9 @@ impl ShardFs {
         durable: bool,
         owner: Option<crate::backing::FileOwner>,
     ) -> Result<std::fs::File, FsError> {
-        if let Some(store) = &self.published {
-            store
-                .put(rel, parts, crate::store::Precondition::None)
+        if let Some(published) = &self.published {
+            published
+                .put(&self.backing, rel, parts)
                 .map_err(std::io::Error::from)?;
         }
         let (_, file) = self.backing.write_atomic(rel, parts, durable, owner)?;
@@ -225,9 +225,9 @@ impl ShardFs {
     /// Removes a file from BACKING (and from the store it mirrors). Returns whether it
     /// was there.
     pub(crate) fn remove_whole(&self, rel: &std::path::Path) -> Result<bool, FsError> {
-        if let Some(store) = &self.published {
-            store
-                .delete(rel, crate::store::Precondition::None)
+        if let Some(published) = &self.published {
+            published
+                .delete(&self.backing, rel)
                 .map_err(std::io::Error::from)?;
         }
         Ok(self.backing.remove_file(rel)?)

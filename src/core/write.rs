@@ -240,10 +240,13 @@ impl ShardFs {
                 let dir = info.rel.parent().unwrap_or(Path::new("")).to_path_buf();
                 let committed = self.commit_metadata(&dir, &bytes);
                 // Stored or refused, the document leaves memory (a refused one is the
-                // writer's to fix, told by the error of this close); one that could not
-                // be written stays, for a retry.
+                // writer's to fix, told by the error of this close, as is one another node
+                // replaced since this mount read it); one that could not be written stays,
+                // for a retry.
                 if let Err(e) = committed {
-                    if matches!(&e, FsError::Refused(r) if r.rule == Rule::InvalidArrayMetadata) {
+                    if matches!(&e, FsError::Refused(r) if r.rule == Rule::InvalidArrayMetadata)
+                        || e.lost_to_another_node()
+                    {
                         self.drop_temp_if(&info.rel, f);
                         // The name shows what it held before (a document kept), or nothing.
                         match self.resolve_path(&info.rel) {

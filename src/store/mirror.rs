@@ -9,14 +9,16 @@
 //! journal of this node lives. A directory is only ever emptied when it is empty or bears
 //! the mark of a cache of the very same store.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use tracing::{info, warn};
 
-use super::{Store, StoreError};
+use super::{Precondition, Store, StoreError};
 use crate::backing::{Backing, join_rel};
 
 /// Where the cache marks whose it is.
@@ -33,6 +35,119 @@ pub struct Mirrored {
     pub documents: u64,
     pub arrays: u64,
     pub skipped: Vec<String>,
+    /// The version (tag) of each object mirrored.
+    pub tags: HashMap<PathBuf, String>,
+}
+
+/// The store an object-store mount publishes its tree to (metadata documents, files
+/// written out), with the version of each object this mount last saw or wrote. A write
+/// replaces only that version (`If-Match`), or creates (`If-None-Match`) when this mount
+/// knows of none; a removal removes only that version. So a node that saw an old document
+/// never overwrites, nor removes, another node's newer one: its write fails (ESTALE) and
+/// its tree takes the store's version (`refresh`), which the next look at it shows.
+#[derive(Debug)]
+pub struct Published {
+    store: Arc<dyn Store>,
+    tags: Mutex<HashMap<PathBuf, String>>,
+}
+
+/// The error of a write that lost to another node's.
+fn stale(store: &dyn Store, rel: &Path) -> StoreError {
+    StoreError::Io(io::Error::new(
+        io::ErrorKind::StaleNetworkFileHandle,
+        format!(
+            "{} was changed by another node since this mount read it: read it again",
+            store.describe(rel)
+        ),
+    ))
+}
+
+impl Published {
+    pub fn new(store: Arc<dyn Store>, tags: HashMap<PathBuf, String>) -> Published {
+        Published {
+            store,
+            tags: Mutex::new(tags),
+        }
+    }
+
+    fn known(&self, rel: &Path) -> Precondition {
+        match lock(&self.tags).get(rel) {
+            Some(tag) => Precondition::Matches(tag.clone()),
+            None => Precondition::Absent,
+        }
+    }
+
+    /// Writes `rel` on the condition that the store still has the version this mount
+    /// knows (none: that it has none). A conflict takes the store's version into `local`
+    /// and fails (ESTALE).
+    pub fn put(&self, local: &Backing, rel: &Path, parts: &[Bytes]) -> Result<(), StoreError> {
+        match self.store.put(rel, parts, self.known(rel)) {
+            Ok(info) => {
+                lock(&self.tags).insert(rel.to_path_buf(), info.tag);
+                Ok(())
+            }
+            Err(StoreError::Conflict(_)) => {
+                self.refresh(local, rel);
+                Err(stale(&*self.store, rel))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Removes `rel` if the store still has the version this mount knows. Returns whether
+    /// there was one; a conflict takes the store's version into `local` and fails.
+    pub fn delete(&self, local: &Backing, rel: &Path) -> Result<bool, StoreError> {
+        let when = self.known(rel);
+        let when = match when {
+            // Known to no one here: whatever is there (nothing, as far as this mount knows).
+            Precondition::Absent => Precondition::None,
+            known => known,
+        };
+        match self.store.delete(rel, when) {
+            Ok(was) => {
+                lock(&self.tags).remove(rel);
+                Ok(was)
+            }
+            Err(StoreError::Conflict(_)) => {
+                self.refresh(local, rel);
+                Err(stale(&*self.store, rel))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Takes the store's version of `rel` (or its absence) into `local` and its tag.
+    fn refresh(&self, local: &Backing, rel: &Path) {
+        let got = match self.store.get(rel, MAX_MIRRORED) {
+            Ok(got) => got,
+            Err(e) => {
+                warn!(object = %self.store.describe(rel), "not read again: {e}");
+                return;
+            }
+        };
+        let mut tags = lock(&self.tags);
+        let done = match got {
+            Some((bytes, info)) => {
+                tags.insert(rel.to_path_buf(), info.tag);
+                local.write_atomic(rel, &[bytes], false, None).map(|_| ())
+            }
+            None => {
+                tags.remove(rel);
+                local.remove_file(rel).map(|_| ())
+            }
+        };
+        if let Err(e) = done {
+            warn!(object = %self.store.describe(rel), "the store's version not taken: {e}");
+        }
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Makes `cache` (made if missing) the local tree of the store at `url`: emptied (but for
@@ -137,7 +252,7 @@ fn pull_dir(
         if (dir.as_os_str().is_empty() && name.starts_with(".shardfs")) || is_array {
             continue;
         }
-        let Some((bytes, _)) = store.get(&key, MAX_MIRRORED).or_else(|e| match e {
+        let Some((bytes, info)) = store.get(&key, MAX_MIRRORED).or_else(|e| match e {
             StoreError::Io(e) if e.raw_os_error() == Some(libc::EFBIG) => Ok(None),
             e => Err(e),
         })?
@@ -151,6 +266,7 @@ fn pull_dir(
             is_array = is_array_document(&bytes);
         }
         local.write_atomic(&key, &[bytes], false, None)?;
+        found.tags.insert(key, info.tag);
     }
     if is_array {
         // Below an array is its key tree: shards, read from the store as they are needed.

@@ -134,6 +134,12 @@ pub trait Store: Send + Sync + Debug {
     fn list(&self, dir: &Path) -> Result<Listing, StoreError>;
     /// `key` as a user would name it, for messages.
     fn describe(&self, key: &Path) -> String;
+    /// Whether the store was found to have lost what it held while mounted (an object
+    /// store whose bucket was gone): documents found missing then are to be published
+    /// again, not taken as removed by someone.
+    fn lost(&self) -> bool {
+        false
+    }
     /// The requests made so far, by kind, where each costs a round trip.
     fn requests(&self) -> Option<std::collections::BTreeMap<String, u64>> {
         None

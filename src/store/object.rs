@@ -54,7 +54,15 @@ pub struct ObjectBacked {
     prefix: String,
     runtime: Arc<tokio::runtime::Runtime>,
     pub requests: Arc<RequestCounts>,
+    /// When the bucket was last seen to be there (`confirm_absent`).
+    bucket_seen: std::sync::Mutex<Option<std::time::Instant>>,
+    /// The bucket was found gone while mounted: the store lost what it held.
+    bucket_lost: std::sync::atomic::AtomicBool,
 }
+
+/// How long a bucket seen to be there is believed to be: "no such object" within that
+/// time is an object's absence, not the bucket's.
+const BUCKET_SEEN_FOR: Duration = Duration::from_secs(1);
 
 impl fmt::Debug for ObjectBacked {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -169,7 +177,49 @@ impl ObjectBacked {
             prefix: prefix.as_ref().trim_end_matches('/').to_string(),
             runtime: Arc::new(runtime),
             requests: Arc::default(),
+            bucket_seen: std::sync::Mutex::default(),
+            bucket_lost: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Makes sure that "no such object" means that: the bucket (or container) is there.
+    /// A server that lost everything (restarted empty) answers 404 for every key, and its
+    /// objects are not absent but lost: EIO, naming the URL. Asked once a second at most
+    /// (a LIST of at most one page).
+    fn confirm_absent(&self) -> Result<(), StoreError> {
+        use futures::StreamExt;
+        let recent = self
+            .bucket_seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some_and(|at| at.elapsed() < BUCKET_SEEN_FOR);
+        if recent {
+            return Ok(());
+        }
+        self.count(&self.requests.list);
+        let prefix = (!self.prefix.is_empty()).then(|| ObjectPath::from(self.prefix.as_str()));
+        let first = self
+            .runtime
+            .block_on(async { self.store.list(prefix.as_ref()).next().await });
+        match first {
+            Some(Err(e)) => {
+                let text = e.to_string();
+                if bucket_missing(&text) {
+                    self.bucket_lost.store(true, Relaxed);
+                    return Err(io::Error::other(format!(
+                        "{}: the bucket (or container) is gone: what it held is lost",
+                        redacted(&self.url)
+                    ))
+                    .into());
+                }
+                Err(io::Error::other(format!("{}: {text}", redacted(&self.url))).into())
+            }
+            _ => {
+                *self.bucket_seen.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some(std::time::Instant::now());
+                Ok(())
+            }
+        }
     }
 
     /// The tag of the version a write made, as `info_of` names versions.
@@ -272,6 +322,14 @@ impl ObjectBacked {
     fn count(&self, which: &AtomicU64) {
         which.fetch_add(1, Relaxed);
     }
+}
+
+/// Whether an error's text is a server's "no such bucket / container" (S3 and GCS:
+/// `NoSuchBucket`; Azure: `ContainerNotFound`), or a listing's bare 404.
+fn bucket_missing(text: &str) -> bool {
+    ["NoSuchBucket", "ContainerNotFound", "404 Not Found"]
+        .iter()
+        .any(|code| text.contains(code))
 }
 
 fn to_io(e: object_store::Error) -> io::Error {
@@ -405,7 +463,7 @@ impl ObjectBacked {
         self.count(&self.requests.head);
         match self.runtime.block_on(self.store.head(&self.path(key)?)) {
             Ok(meta) => Ok(Some(info_of(&meta, self.by_version))),
-            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(object_store::Error::NotFound { .. }) => self.confirm_absent().map(|_| None),
             Err(e) => Err(to_io(e).into()),
         }
     }
@@ -462,7 +520,7 @@ impl ObjectBacked {
                 Ok(Some((bytes, info_of(&meta, self.by_version), range)))
             }
             Ok(None) => Err(io::Error::from_raw_os_error(libc::EFBIG).into()),
-            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(object_store::Error::NotFound { .. }) => self.confirm_absent().map(|_| None),
             Err(object_store::Error::Precondition { .. }) => {
                 Err(io::Error::from_raw_os_error(libc::ESTALE).into())
             }
@@ -621,6 +679,10 @@ impl Store for ObjectBacked {
 
     fn describe(&self, key: &Path) -> String {
         format!("{}/{}", self.url.trim_end_matches('/'), key.display())
+    }
+
+    fn lost(&self) -> bool {
+        self.bucket_lost.load(Relaxed)
     }
 }
 

@@ -74,6 +74,9 @@ pub struct ShardRegistry {
     store_is_backing: bool,
     /// Where arrays moved by another mount went.
     sightings: whereabouts::Sightings,
+    /// In an object store: which arrays' documents were last seen to still place their
+    /// chunks (`whereabouts::Documents`).
+    documents: whereabouts::Documents,
     /// Refused shard writes (a merge into a damaged shard) are logged when booked.
     refusals: Arc<crate::core::refusal::RefusalLog>,
 }
@@ -199,6 +202,7 @@ impl ShardRegistry {
             store,
             store_is_backing,
             sightings: Default::default(),
+            documents: Default::default(),
             refusals: refusals.clone(),
             slots: Mutex::default(),
             stats: Stats::default(),
@@ -500,7 +504,8 @@ impl ShardRegistry {
             return Ok(self.as_seen(seen, st));
         }
         let opened = match open_shard(&*self.store, &rel, &array.layout.index, st.stored.as_ref()) {
-            Err(FsError::Io(e)) if st.seen.is_some() => {
+            // (Not when the store lost everything: what was seen is gone.)
+            Err(FsError::Io(e)) if st.seen.is_some() && !self.store.lost() => {
                 warn!(shard = %rel.display(), "the store cannot be reached, the shard as last seen answers: {e}");
                 let seen = st.seen.as_ref().map(|(s, _)| s.clone()).unwrap_or_default();
                 return Ok(self.as_seen(&seen, st));

@@ -55,17 +55,28 @@ pub(super) enum Whereabouts {
     /// The array was removed (and perhaps another made at its path).
     Gone,
     /// The array is somewhere that cannot be named (out of BACKING, under a mount made over
-    /// its path): its chunks stay pending, the write fails, and it is tried again.
-    Lost,
+    /// its path), or its store cannot say where: its chunks stay pending, the write fails
+    /// (saying why), and it is tried again.
+    Lost(String),
+}
+
+/// "Lost" of a directory this mount cannot reach.
+fn unreachable() -> Whereabouts {
+    Whereabouts::Lost(
+        "its array's directory is where this mount cannot reach it (moved out of BACKING, or \
+         a mount made over its path)"
+            .into(),
+    )
 }
 
 impl ShardRegistry {
     /// Where `array` is now: looked at before each shard write (an `fstat` and a
-    /// `readlink`). Without a held directory (an object store's mirror, or no descriptor
-    /// to spare) the array is taken to be where it was.
+    /// `readlink`). Without a held directory (no descriptor to spare) the array is taken
+    /// to be where it was if no other directory is there. In an object store, where an
+    /// array is its metadata document, by that document (`Documents`).
     pub(super) fn whereabouts(&self, backing: &Backing, array: &Arc<ArrayState>) -> Whereabouts {
         if !self.store_is_backing {
-            return Whereabouts::At(array.clone());
+            return self.documents.whereabouts(&*self.store, backing, array);
         }
         let Some(held) = array.dir.as_ref() else {
             // Not held (past `MOST_HELD`): another directory at its path, by inode and birth
@@ -74,7 +85,7 @@ impl ShardRegistry {
             let now = backing.dir_instance(&array.rel);
             return match array.instance.is_empty() || now == array.instance {
                 true => Whereabouts::At(array.clone()),
-                false => Whereabouts::Lost,
+                false => unreachable(),
             };
         };
         match held.now(backing) {
@@ -92,7 +103,7 @@ impl ShardRegistry {
             }
             // (Its name at the old path, when that still leads to it.)
             DirNow::Unknown if held.is_at(backing, &array.rel) => Whereabouts::At(array.clone()),
-            DirNow::Unknown => Whereabouts::Lost,
+            DirNow::Unknown => unreachable(),
         }
     }
 }
@@ -151,4 +162,98 @@ fn find_dir(backing: &Backing, instance: &str) -> Option<PathBuf> {
 fn holds_array(backing: &Backing, dir: &Path) -> bool {
     let doc = backing.read_at_most(&dir.join(METADATA_FILE), MAX_METADATA_BYTES);
     matches!(doc, Ok(Some(bytes)) if matches!(Node::parse(&bytes), Ok(Node::Array(_))))
+}
+
+/// How long an object-store array's document, once checked, is believed.
+const DOCUMENT_CHECKED_FOR: Duration = Duration::from_secs(1);
+
+/// In an object store an array has no directory to hold: another node may remove it, or
+/// make another array at its path, while this mount still has chunks of it. Its metadata
+/// document tells. Chunks are written while the document there places them where their
+/// array did (a resize or new attributes change nothing for them); a document gone, or
+/// one of another layout, means the array they were written into is gone, and they go
+/// with it, as on a file system. A store that lost everything (its bucket gone while
+/// mounted) gets the document published again with the shards, not taken as removed.
+#[derive(Debug, Default)]
+pub(crate) struct Documents(Mutex<HashMap<PathBuf, Instant>>);
+
+impl Documents {
+    fn whereabouts(
+        &self,
+        store: &dyn crate::store::Store,
+        backing: &Backing,
+        array: &Arc<ArrayState>,
+    ) -> Whereabouts {
+        let fresh = lock(&self.0)
+            .get(&array.rel)
+            .is_some_and(|at| at.elapsed() < DOCUMENT_CHECKED_FOR);
+        if fresh {
+            return Whereabouts::At(array.clone());
+        }
+        let key = array.rel.join(METADATA_FILE);
+        let verdict = match store.get(&key, MAX_METADATA_BYTES) {
+            Ok(Some((bytes, _))) if places_alike(&bytes, array) => Whereabouts::At(array.clone()),
+            Ok(Some(_)) => {
+                tracing::warn!(array = %store.describe(&array.rel),
+                    "array made anew with another layout by another node: the chunks \
+                     written into the old one here go with it");
+                Whereabouts::Gone
+            }
+            Ok(None) if store.lost() => match publish_again(store, backing, &array.rel) {
+                Ok(()) => Whereabouts::At(array.clone()),
+                Err(e) => {
+                    Whereabouts::Lost(format!("its metadata could not be published again: {e}"))
+                }
+            },
+            Ok(None) => {
+                tracing::warn!(array = %store.describe(&array.rel),
+                    "array removed by another node: the chunks written into it here go with it");
+                Whereabouts::Gone
+            }
+            Err(e) => Whereabouts::Lost(format!("its metadata could not be read: {e}")),
+        };
+        if matches!(verdict, Whereabouts::At(_)) {
+            lock(&self.0).insert(array.rel.clone(), Instant::now());
+        }
+        verdict
+    }
+}
+
+/// Whether the document `bytes` places chunks where `array`'s layout does.
+fn places_alike(bytes: &[u8], array: &ArrayState) -> bool {
+    match Node::parse(bytes) {
+        Ok(Node::Array(meta)) => matches!(
+            crate::zarr::ShardLayout::of(&meta),
+            Ok(Some(layout)) if layout.same_placement(&array.layout)
+        ),
+        _ => false,
+    }
+}
+
+/// Publishes the documents of the array at `rel` and of the groups above it again (from
+/// this mount's tree) where the store has none: a store that lost everything gets back
+/// the metadata its shards need to be read.
+fn publish_again(
+    store: &dyn crate::store::Store,
+    backing: &Backing,
+    rel: &Path,
+) -> Result<(), crate::store::StoreError> {
+    let mut dir = Some(rel);
+    while let Some(d) = dir {
+        let key = d.join(METADATA_FILE);
+        if let Some(bytes) = backing.read_at_most(&key, MAX_METADATA_BYTES)? {
+            match store.put(
+                &key,
+                &[bytes::Bytes::from(bytes)],
+                crate::store::Precondition::Absent,
+            ) {
+                Ok(_) => tracing::warn!(document = %store.describe(&key),
+                    "the store had lost it: published again"),
+                Err(crate::store::StoreError::Conflict(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        dir = d.parent();
+    }
+    Ok(())
 }

@@ -188,15 +188,14 @@ impl ShardRegistry {
                 });
                 (array, result)
             }
-            Whereabouts::Lost => {
+            Whereabouts::Lost(why) => {
                 if let (Some(j), Some(f)) = (&journal, &finishing) {
                     j.body_abandoned(f);
                 }
-                let lost = std::io::Error::other(
-                    "its array's directory is where this mount cannot reach it (moved out of \
-                     BACKING, or a mount made over its path)",
-                );
-                (slot.array.clone(), Err(FsError::Io(lost)))
+                (
+                    slot.array.clone(),
+                    Err(FsError::Io(std::io::Error::other(why))),
+                )
             }
             // Nothing to write: what was taken leaves as if written, and its records retire
             // (a replay would drop them, their array being gone).
