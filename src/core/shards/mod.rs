@@ -496,9 +496,32 @@ impl ShardRegistry {
         shard: &[u64],
         st: &mut ShardState,
     ) -> Result<Option<OpenShard>, FsError> {
+        self.open_stored_trusting(slot, shard, st, true)
+    }
+
+    /// `open_stored`, looking at the store again whatever was seen (a change decided from
+    /// what the shard holds: a chunk opened to be changed in place, a removal), unless
+    /// the store cannot be reached.
+    fn open_stored_now(
+        &self,
+        slot: &ShardSlot,
+        shard: &[u64],
+        st: &mut ShardState,
+    ) -> Result<Option<OpenShard>, FsError> {
+        self.open_stored_trusting(slot, shard, st, false)
+    }
+
+    fn open_stored_trusting(
+        &self,
+        slot: &ShardSlot,
+        shard: &[u64],
+        st: &mut ShardState,
+        trust: bool,
+    ) -> Result<Option<OpenShard>, FsError> {
         let array = &slot.array;
         let rel = array.shard_rel(shard);
         if let Some((seen, at)) = &st.seen
+            && trust
             && at.elapsed() < SEEN_FOR
         {
             return Ok(self.as_seen(seen, st));
@@ -614,7 +637,7 @@ impl ShardRegistry {
         let base = if truncate || st.deleted.contains(&loc.pos) {
             FileData::default()
         } else {
-            match self.open_stored(&slot, &loc.shard, &mut st)? {
+            match self.open_stored_now(&slot, &loc.shard, &mut st)? {
                 None => FileData::default(),
                 Some(open) => match &open.stored.index {
                     Ok(index) => match index.get(loc.pos) {
@@ -730,7 +753,7 @@ impl ShardRegistry {
         let had_pending = st.pending.remove(&loc.pos).inspect(|m| {
             self.charge(-(m.len() as i64));
         });
-        let stored = match self.open_stored(&slot, &loc.shard, &mut st)? {
+        let stored = match self.open_stored_now(&slot, &loc.shard, &mut st)? {
             Some(OpenShard { stored, .. }) => match stored.index {
                 Ok(index) => index.get(loc.pos).is_some(),
                 // A damaged shard: the chunk may be there; deleting it is always allowed.

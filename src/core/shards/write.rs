@@ -421,7 +421,12 @@ impl ShardJob<'_> {
             WriteMode::Replace => None,
             _ => open_shard(store, self.rel, self.format, self.cached)?,
         };
-        let later = match (&current, self.moved) {
+        // Between nodes of an object store (and into a moved array) nothing orders two
+        // writers of one chunk but when they wrote it: a position the shard got later than
+        // what is taken here keeps what it has. (A write whose answer was lost, merged
+        // again once another node wrote over it, so never undoes that node's chunk.)
+        let ordered_by_time = self.moved || !reg.store_is_backing;
+        let later = match (&current, ordered_by_time) {
             (Some(open), true) => reg.stamps_of(open),
             _ => None,
         };
@@ -431,8 +436,8 @@ impl ShardJob<'_> {
         }
     }
 
-    /// For a moved array: the chunks (and removals) taken, less those whose position the
-    /// shard at the new path got later, written there by another writer since the move.
+    /// The chunks (and removals) taken, less those whose position the shard got later
+    /// (another writer, since the move of the array or on another node).
     fn without_later(&self, stamps: &[u64]) -> OwnedJob<'_> {
         let later = |p: &usize| {
             let ours = self.times.get(p).copied().unwrap_or(u64::MAX);
