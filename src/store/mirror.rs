@@ -86,12 +86,35 @@ impl Published {
                 lock(&self.tags).insert(rel.to_path_buf(), info.tag);
                 Ok(())
             }
+            // A write that landed but whose answer was lost is retried by the client and
+            // then finds its own version: that is not another node's.
+            Err(StoreError::Conflict(_)) if self.holds(rel, parts) => Ok(()),
             Err(StoreError::Conflict(_)) => {
                 self.refresh(local, rel);
                 Err(stale(&*self.store, rel))
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// Whether the store holds `parts` at `rel` now (its tag then known).
+    fn holds(&self, rel: &Path, parts: &[Bytes]) -> bool {
+        let Ok(Some((bytes, info))) = self.store.get(rel, MAX_MIRRORED) else {
+            return false;
+        };
+        let mine = parts.iter().map(|p| p.len()).sum::<usize>() == bytes.len()
+            && parts
+                .iter()
+                .scan(0, |at, p| {
+                    let same = bytes[*at..*at + p.len()] == p[..];
+                    *at += p.len();
+                    Some(same)
+                })
+                .all(|same| same);
+        if mine {
+            lock(&self.tags).insert(rel.to_path_buf(), info.tag);
+        }
+        mine
     }
 
     /// Removes `rel` if the store still has the version this mount knows. Returns whether

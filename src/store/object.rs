@@ -41,6 +41,32 @@ pub const MOST_IN_ONE_PUT: u64 = 5 << 30;
 /// that is gone must not wedge the filesystem.
 const REQUEST_BUDGET: Duration = Duration::from_secs(10);
 
+/// The slowest transfer a request is given time for, beyond `REQUEST_BUDGET` (bytes a
+/// second): a 1 GiB shard gets 17 minutes.
+const SLOWEST_RATE: u64 = 1 << 20;
+
+/// Runs one request (its retries included) on `runtime`, giving up after the budget for
+/// `bytes`: a server that stops answering, before the first byte of its answer (which the
+/// HTTP client's read timeout does not cover) or in the middle of it, fails the request
+/// instead of holding the filesystem. A write given up on may still land: its next
+/// attempt finds its version and merges over it.
+fn bounded<T>(
+    runtime: &tokio::runtime::Runtime,
+    bytes: u64,
+    request: impl std::future::Future<Output = object_store::Result<T>>,
+) -> object_store::Result<T> {
+    let budget = REQUEST_BUDGET + Duration::from_secs(bytes / SLOWEST_RATE);
+    runtime.block_on(async {
+        match tokio::time::timeout(budget, request).await {
+            Ok(done) => done,
+            Err(_) => Err(object_store::Error::Generic {
+                store: "shardfs",
+                source: format!("no answer within {} s", budget.as_secs()).into(),
+            }),
+        }
+    })
+}
+
 pub struct ObjectBacked {
     url: String,
     /// Versions are named by version id rather than ETag (`info_of`).
@@ -198,9 +224,10 @@ impl ObjectBacked {
         }
         self.count(&self.requests.list);
         let prefix = (!self.prefix.is_empty()).then(|| ObjectPath::from(self.prefix.as_str()));
-        let first = self
-            .runtime
-            .block_on(async { self.store.list(prefix.as_ref()).next().await });
+        let first = bounded(&self.runtime, 0, async {
+            self.store.list(prefix.as_ref()).next().await.transpose()
+        })
+        .transpose();
         match first {
             Some(Err(e)) => {
                 let text = e.to_string();
@@ -284,7 +311,7 @@ impl ObjectBacked {
         self.requests
             .put
             .fetch_add(groups.len() as u64 + 2, Relaxed);
-        let done = self.runtime.block_on(async {
+        let done = bounded(&self.runtime, size, async {
             let mut upload = self.store.put_multipart(&path).await?;
             for group in groups {
                 let payload: PutPayload = group.into_iter().collect();
@@ -416,7 +443,7 @@ impl ReadAt for ObjectBlob {
             version: self.info.tag.strip_prefix("version:").map(str::to_string),
             ..GetOptions::default()
         };
-        let bytes = self.runtime.block_on(async {
+        let bytes = bounded(&self.runtime, buf.len() as u64, async {
             self.store
                 .get_opts(&self.path, options)
                 .await?
@@ -461,7 +488,7 @@ impl ObjectBacked {
     /// The HEAD of `key`: `None` when it is not there.
     fn head(&self, key: &Path) -> Result<Option<ObjectInfo>, StoreError> {
         self.count(&self.requests.head);
-        match self.runtime.block_on(self.store.head(&self.path(key)?)) {
+        match bounded(&self.runtime, 0, self.store.head(&self.path(key)?)) {
             Ok(meta) => Ok(Some(info_of(&meta, self.by_version))),
             Err(object_store::Error::NotFound { .. }) => self.confirm_absent().map(|_| None),
             Err(e) => Err(to_io(e).into()),
@@ -507,7 +534,13 @@ impl ObjectBacked {
     ) -> Result<Option<(Bytes, ObjectInfo, Range<u64>)>, StoreError> {
         self.count(&self.requests.get);
         let path = self.path(key)?;
-        let got = self.runtime.block_on(async {
+        let expected = match &options.range {
+            Some(GetRange::Bounded(r)) => r.end - r.start,
+            Some(GetRange::Suffix(n)) => *n,
+            // (Whole objects read are documents and small files.)
+            _ => limit.min(64 << 20),
+        };
+        let got = bounded(&self.runtime, expected, async {
             let r = self.store.get_opts(&path, options).await?;
             let (meta, range) = (r.meta.clone(), r.range.clone());
             if range.end - range.start > limit {
@@ -605,10 +638,11 @@ impl Store for ObjectBacked {
             mode,
             ..PutOptions::default()
         };
-        match self
-            .runtime
-            .block_on(self.store.put_opts(&path, payload, options))
-        {
+        match bounded(
+            &self.runtime,
+            size,
+            self.store.put_opts(&path, payload, options),
+        ) {
             Ok(done) => Ok(ObjectInfo {
                 size,
                 tag: self.tag_of(done),
@@ -631,7 +665,7 @@ impl Store for ObjectBacked {
             return Ok(false);
         }
         self.count(&self.requests.delete);
-        match self.runtime.block_on(self.store.delete(&self.path(key)?)) {
+        match bounded(&self.runtime, 0, self.store.delete(&self.path(key)?)) {
             Ok(()) => Ok(true),
             Err(object_store::Error::NotFound { .. }) => Ok(false),
             Err(e) => Err(to_io(e).into()),
@@ -642,10 +676,12 @@ impl Store for ObjectBacked {
         self.count(&self.requests.list);
         let full = self.path(dir)?;
         let prefix = (!full.as_ref().is_empty()).then_some(full);
-        let result = self
-            .runtime
-            .block_on(self.store.list_with_delimiter(prefix.as_ref()))
-            .map_err(to_io)?;
+        let result = bounded(
+            &self.runtime,
+            0,
+            self.store.list_with_delimiter(prefix.as_ref()),
+        )
+        .map_err(to_io)?;
         // The one part below the listed prefix; a folder marker (`dir/`, which parses as
         // the prefix itself) has none and is not an object of the directory.
         let name = |p: &ObjectPath| {
