@@ -275,14 +275,16 @@ fn pull_dir(
         if (dir.as_os_str().is_empty() && name.starts_with(".shardfs")) || is_array {
             continue;
         }
-        let Some((bytes, info)) = store.get(&key, MAX_MIRRORED).or_else(|e| match e {
-            StoreError::Io(e) if e.raw_os_error() == Some(libc::EFBIG) => Ok(None),
-            e => Err(e),
-        })?
-        else {
-            found.skipped.push(key.display().to_string());
-            warn!(key = %key.display(), "larger than {MAX_MIRRORED} bytes: not shown");
-            continue;
+        let (bytes, info) = match store.get(&key, MAX_MIRRORED) {
+            Ok(Some(got)) => got,
+            // Removed since it was listed.
+            Ok(None) => continue,
+            Err(StoreError::Io(e)) if e.raw_os_error() == Some(libc::EFBIG) => {
+                found.skipped.push(key.display().to_string());
+                warn!(key = %key.display(), "larger than {MAX_MIRRORED} bytes: not shown");
+                continue;
+            }
+            Err(e) => return Err(e),
         };
         if name == "zarr.json" {
             found.documents += 1;

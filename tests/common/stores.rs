@@ -340,7 +340,12 @@ impl StoreServer {
             ),
         };
         let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-        self.python(&format!("data = bytes.fromhex({hex:?})\n{code}"));
+        // (The key in hex too: a Rust string's escapes are not Python's.)
+        let key_hex: String = key.bytes().map(|b| format!("{b:02x}")).collect();
+        let code = code.replace(&format!("{key:?}"), "key");
+        self.python(&format!(
+            "data = bytes.fromhex({hex:?})\nkey = bytes.fromhex({key_hex:?}).decode()\n{code}"
+        ));
     }
 
     /// The object at `key` natively, if there is one.

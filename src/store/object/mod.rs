@@ -16,17 +16,14 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 use bytes::Bytes;
-use object_store::aws::AmazonS3Builder;
-use object_store::azure::MicrosoftAzureBuilder;
-use object_store::gcp::GoogleCloudStorageBuilder;
 use object_store::path::Path as ObjectPath;
 use object_store::{
-    BackoffConfig, GetOptions, GetRange, ObjectMeta, ObjectStore, ObjectStoreExt, PutMode,
-    PutOptions, PutPayload, RetryConfig, UpdateVersion,
+    GetOptions, GetRange, ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload,
+    UpdateVersion,
 };
+use tracing::warn;
 
 use super::{Blob, Listing, ObjectInfo, Precondition, RequestCounts, Store, StoreError};
-use crate::shard::ReadAt;
 
 /// Above this an object goes up in parts: S3 takes at most 5 GiB in one PUT.
 pub const DEFAULT_MULTIPART_ABOVE: u64 = 4 << 30;
@@ -67,6 +64,13 @@ fn bounded<T>(
     })
 }
 
+mod blob;
+mod connect;
+mod profile;
+mod raw;
+
+use blob::{ObjectBlob, etag};
+
 pub struct ObjectBacked {
     url: String,
     /// Versions are named by version id rather than ETag (`info_of`).
@@ -76,6 +80,10 @@ pub struct ObjectBacked {
     /// Objects larger than this go up as multipart uploads (`--multipart-above`).
     multipart_above: u64,
     store: Arc<dyn ObjectStore>,
+    /// Requests `object_store` does not make (`raw.rs`).
+    raw: raw::Raw,
+    /// Keys skipped in listings, said once each.
+    skipped: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Key prefix inside the bucket ("" or ending without `/`).
     prefix: String,
     runtime: Arc<tokio::runtime::Runtime>,
@@ -150,43 +158,7 @@ impl ObjectBacked {
                 ),
             ));
         }
-        // Client settings go in as configuration, so that those the environment gave
-        // (allow_http, proxies) stay.
-        // A server that stops answering is found by the read timeout; the total one only
-        // bounds a transfer, which may be long for a large shard on a slow link.
-        let budget = format!("{}s", REQUEST_BUDGET.as_secs());
-        let client = [
-            ("timeout", "1800s"),
-            ("read_timeout", budget.as_str()),
-            ("connect_timeout", "3s"),
-        ];
-        let retry = RetryConfig {
-            backoff: BackoffConfig::default(),
-            max_retries: 3,
-            retry_timeout: REQUEST_BUDGET,
-        };
-        macro_rules! build {
-            ($builder:expr) => {{
-                let mut b = $builder.with_url(url).with_retry(retry);
-                for (key, value) in client.iter().chain(config) {
-                    if let Ok(key) = key.parse() {
-                        b = b.with_config(key, *value);
-                    }
-                }
-                Arc::new(b.build().map_err(to_io)?)
-            }};
-        }
-        let store: Arc<dyn ObjectStore> = match parsed.scheme() {
-            "s3" | "s3a" => build!(AmazonS3Builder::from_env()),
-            "gs" => build!(GoogleCloudStorageBuilder::from_env()),
-            "az" | "abfs" | "abfss" => build!(MicrosoftAzureBuilder::from_env()),
-            other => {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!("{url}: no object store for the scheme {other}:"),
-                ));
-            }
-        };
+        let connect::Connected { store, raw } = connect::connect(&parsed, url, config)?;
         let prefix = ObjectPath::from_url_path(parsed.path())
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("{url}: {e}")))?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -200,6 +172,8 @@ impl ObjectBacked {
             suffix_ranges: !matches!(parsed.scheme(), "az" | "abfs" | "abfss"),
             multipart_above: DEFAULT_MULTIPART_ABOVE,
             store,
+            raw,
+            skipped: std::sync::Mutex::default(),
             prefix: prefix.as_ref().trim_end_matches('/').to_string(),
             runtime: Arc::new(runtime),
             requests: Arc::default(),
@@ -229,7 +203,8 @@ impl ObjectBacked {
         })
         .transpose();
         match first {
-            Some(Err(e)) => {
+            // (A key it cannot name: the listing was answered, the bucket is there.)
+            Some(Err(e)) if !invalid_path(&e) => {
                 let text = e.to_string();
                 if bucket_missing(&text) {
                     self.bucket_lost.store(true, Relaxed);
@@ -351,6 +326,14 @@ impl ObjectBacked {
     }
 }
 
+/// Whether a listing failed on a key `object_store` cannot name (as such, or wrapped in a
+/// provider's error).
+fn invalid_path(e: &object_store::Error) -> bool {
+    matches!(e, object_store::Error::InvalidPath { .. })
+        || e.to_string()
+            .contains("Encountered object with invalid path")
+}
+
 /// Whether an error's text is a server's "no such bucket / container" (S3 and GCS:
 /// `NoSuchBucket`; Azure: `ContainerNotFound`), or a listing's bare 404.
 fn bucket_missing(text: &str) -> bool {
@@ -388,86 +371,6 @@ fn info_of(meta: &ObjectMeta, by_version: bool) -> ObjectInfo {
         size: meta.size,
         tag,
         mtime: meta.last_modified.into(),
-    }
-}
-
-/// The tag as an `If-Match` value, when it is an ETag.
-fn etag(info: &ObjectInfo) -> Option<String> {
-    (!info.tag.starts_with("version:") && !info.tag.starts_with("modified:"))
-        .then(|| info.tag.clone())
-}
-
-/// One version of an object: its tail (fetched with the open) in memory, the rest read by
-/// ranged GETs that must match its ETag.
-struct ObjectBlob {
-    info: ObjectInfo,
-    tail: Bytes,
-    path: ObjectPath,
-    store: Arc<dyn ObjectStore>,
-    runtime: Arc<tokio::runtime::Runtime>,
-    requests: Arc<RequestCounts>,
-}
-
-impl fmt::Debug for ObjectBlob {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ObjectBlob")
-            .field("path", &self.path)
-            .field("info", &self.info)
-            .finish()
-    }
-}
-
-impl ReadAt for ObjectBlob {
-    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        let end = offset + buf.len() as u64;
-        if end > self.info.size {
-            return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
-        }
-        let tail_start = self
-            .info
-            .size
-            .checked_sub(self.tail.len() as u64)
-            .ok_or_else(|| io::Error::other("the server sent more than the object holds"))?;
-        if offset >= tail_start {
-            let at = (offset - tail_start) as usize;
-            buf.copy_from_slice(&self.tail[at..at + buf.len()]);
-            return Ok(());
-        }
-        if buf.is_empty() {
-            return Ok(());
-        }
-        self.requests.get.fetch_add(1, Relaxed);
-        let options = GetOptions {
-            range: Some(GetRange::Bounded(offset..end)),
-            if_match: etag(&self.info),
-            version: self.info.tag.strip_prefix("version:").map(str::to_string),
-            ..GetOptions::default()
-        };
-        let bytes = bounded(&self.runtime, buf.len() as u64, async {
-            self.store
-                .get_opts(&self.path, options)
-                .await?
-                .bytes()
-                .await
-        });
-        match bytes {
-            Ok(b) if b.len() == buf.len() => {
-                buf.copy_from_slice(&b);
-                Ok(())
-            }
-            Ok(_) => Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
-            // The object was replaced or removed since it was pinned.
-            Err(
-                object_store::Error::Precondition { .. } | object_store::Error::NotFound { .. },
-            ) => Err(io::Error::from_raw_os_error(libc::ESTALE)),
-            Err(e) => Err(to_io(e)),
-        }
-    }
-}
-
-impl Blob for ObjectBlob {
-    fn info(&self) -> &ObjectInfo {
-        &self.info
     }
 }
 
@@ -559,6 +462,66 @@ impl ObjectBacked {
             }
             Err(e) => Err(to_io(e).into()),
         }
+    }
+}
+
+impl ObjectBacked {
+    /// `list` of a level holding a key that `object_store` cannot name (`a//b`, `./c`,
+    /// `x/../d`, a control character), by raw requests: such keys are skipped, each said
+    /// once, and the rest listed.
+    fn list_raw(&self, dir: &Path, full: &ObjectPath) -> Result<Listing, StoreError> {
+        let prefix = match full.as_ref() {
+            "" => String::new(),
+            p => format!("{p}/"),
+        };
+        let mut listing = Listing::default();
+        let mut token = None;
+        loop {
+            self.count(&self.requests.list);
+            let page = bounded(
+                &self.runtime,
+                0,
+                self.raw.list_page(&prefix, token.as_deref()),
+            )
+            .map_err(|e| io::Error::other(format!("{}: {e}", self.describe(dir))))?;
+            for key in &page.objects {
+                if let Some(name) = self.named(&prefix, key, false) {
+                    listing.objects.push(name);
+                }
+            }
+            for key in &page.prefixes {
+                if let Some(name) = self.named(&prefix, key, true) {
+                    listing.dirs.push(name);
+                }
+            }
+            match page.next {
+                Some(next) => token = Some(next),
+                None => break,
+            }
+        }
+        listing.dirs.sort();
+        listing.objects.sort();
+        Ok(listing)
+    }
+
+    /// The name below `prefix` of a listed `key` (a common prefix when `dir`), if the
+    /// mount can show it; a key it cannot is said once.
+    fn named(&self, prefix: &str, key: &str, dir: bool) -> Option<String> {
+        let rest = key.strip_prefix(prefix)?;
+        let rest = if dir { rest.strip_suffix('/')? } else { rest };
+        if !rest.is_empty() && !rest.contains('/') && ObjectPath::parse(key).is_ok() {
+            return Some(rest.to_string());
+        }
+        if rest.is_empty() && !dir {
+            return None; // a folder marker: the directory itself
+        }
+        let mut said = self.skipped.lock().unwrap_or_else(|e| e.into_inner());
+        if said.len() < 10_000 && said.insert(key.to_string()) {
+            warn!(key = ?key, store = %redacted(&self.url),
+                "an object whose key the mount cannot name (an empty, '.' or '..' part, or a \
+                 control character): not shown");
+        }
+        None
     }
 }
 
@@ -658,30 +621,45 @@ impl Store for ObjectBacked {
 
     fn delete(&self, key: &Path, when: Precondition) -> Result<bool, StoreError> {
         // S3 answers a delete of a missing key with success; a HEAD first tells them apart,
-        // and checks the precondition (object_store has no conditional DELETE: a write
-        // between the HEAD and the DELETE is lost; see the README's rules for writers).
-        let current = self.checked(key, &when)?;
-        if current.is_none() {
+        // and checks the precondition. The DELETE then removes only the version the HEAD
+        // saw (`If-Match`, or its generation): a write in between is a conflict, never
+        // lost. (A server that ignores the condition, as some S3-compatible ones do,
+        // removes whatever is there: see the README's table of stores.)
+        let Some(current) = self.checked(key, &when)? else {
             return Ok(false);
-        }
+        };
         self.count(&self.requests.delete);
-        match bounded(&self.runtime, 0, self.store.delete(&self.path(key)?)) {
-            Ok(()) => Ok(true),
-            Err(object_store::Error::NotFound { .. }) => Ok(false),
-            Err(e) => Err(to_io(e).into()),
+        let tag = current.info().tag.clone();
+        if tag.starts_with("modified:") {
+            return match bounded(&self.runtime, 0, self.store.delete(&self.path(key)?)) {
+                Ok(()) => Ok(true),
+                Err(object_store::Error::NotFound { .. }) => Ok(false),
+                Err(e) => Err(to_io(e).into()),
+            };
+        }
+        let full = self.path(key)?;
+        match bounded(&self.runtime, 0, self.raw.delete_if(full.as_ref(), &tag)) {
+            Ok(raw::Deleted::Yes) => Ok(true),
+            Ok(raw::Deleted::Absent) => Ok(false),
+            Ok(raw::Deleted::Conflict) => Err(StoreError::Conflict(self.describe(key))),
+            Err(e) => Err(io::Error::other(format!("{}: {e}", self.describe(key))).into()),
         }
     }
 
     fn list(&self, dir: &Path) -> Result<Listing, StoreError> {
         self.count(&self.requests.list);
         let full = self.path(dir)?;
-        let prefix = (!full.as_ref().is_empty()).then_some(full);
-        let result = bounded(
+        let prefix = (!full.as_ref().is_empty()).then_some(full.clone());
+        let result = match bounded(
             &self.runtime,
             0,
             self.store.list_with_delimiter(prefix.as_ref()),
-        )
-        .map_err(to_io)?;
+        ) {
+            Ok(result) => result,
+            // A key object_store cannot name fails the whole page: listed without it.
+            Err(e) if invalid_path(&e) => return self.list_raw(dir, &full),
+            Err(e) => return Err(to_io(e).into()),
+        };
         // The one part below the listed prefix; a folder marker (`dir/`, which parses as
         // the prefix itself) has none and is not an object of the directory.
         let name = |p: &ObjectPath| {

@@ -1,0 +1,321 @@
+//! Requests `object_store` does not make, made with its HTTP client and its signers:
+//!
+//! - a listing that survives keys `object_store` cannot name (`a//b`, `./c`, `x/../d`, a
+//!   control character: its `Path` refuses them, and one such key fails the whole page).
+//!   Other tools write such keys; the mount skips them, says so once, and shows the rest.
+//! - a conditional DELETE (S3 `If-Match`, GCS `x-goog-if-generation-match`, Azure
+//!   `If-Match`), which `object_store`'s `delete` cannot carry.
+//!
+//! Nothing here puts a URL in an error: an Azure SAS token travels in the query.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use object_store::aws::{AmazonS3, AwsAuthorizer};
+use object_store::azure::{AzureAuthorizer, MicrosoftAzure};
+use object_store::client::{HttpClient, HttpRequest, HttpRequestBody};
+use object_store::gcp::GoogleCloudStorage;
+use object_store::{Error, Result};
+
+/// One provider's way to the bucket (container): where it is and how a request is signed.
+#[derive(Debug)]
+pub(super) enum Signer {
+    S3 {
+        store: Arc<AmazonS3>,
+        region: String,
+    },
+    Gcs {
+        store: Arc<GoogleCloudStorage>,
+    },
+    Azure {
+        store: Arc<MicrosoftAzure>,
+        account: String,
+    },
+}
+
+#[derive(Debug)]
+pub(super) struct Raw {
+    client: HttpClient,
+    /// The bucket's (container's) URL, without a trailing `/`.
+    bucket_url: String,
+    signer: Signer,
+}
+
+/// One page of a listing: names relative to the bucket, as the store has them.
+#[derive(Debug, Default)]
+pub(super) struct Page {
+    pub objects: Vec<String>,
+    pub prefixes: Vec<String>,
+    pub next: Option<String>,
+}
+
+/// What a conditional DELETE found.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Deleted {
+    Yes,
+    /// No such object.
+    Absent,
+    /// Another version is there now.
+    Conflict,
+}
+
+fn failed(what: &str, detail: impl std::fmt::Display) -> Error {
+    Error::Generic {
+        store: "shardfs",
+        source: format!("{what}: {detail}").into(),
+    }
+}
+
+/// `s` percent-encoded for a URL's query or path (all but the unreserved characters; `/`
+/// kept in paths).
+fn encode(s: &str, keep_slash: bool) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                out.push(b as char)
+            }
+            b'/' if keep_slash => out.push('/'),
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}
+
+/// `s` with its `%XX` escapes decoded (S3's `encoding-type=url` listing).
+fn decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(b)) => {
+                out.push(b);
+                i += 3;
+            }
+            (b'+', _) => {
+                out.push(b' ');
+                i += 1;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+impl Raw {
+    pub(super) fn new(client: HttpClient, bucket_url: String, signer: Signer) -> Raw {
+        Raw {
+            client,
+            bucket_url: bucket_url.trim_end_matches('/').to_string(),
+            signer,
+        }
+    }
+
+    /// Signs and sends `request`; the answer's status and body.
+    async fn send(&self, mut request: HttpRequest) -> Result<(u16, Bytes)> {
+        match &self.signer {
+            Signer::S3 { store, region } => {
+                let credential = store.credentials().get_credential().await?;
+                AwsAuthorizer::new(&credential, "s3", region).try_authorize(&mut request, None)?;
+            }
+            Signer::Gcs { store } => {
+                let credential = store.credentials().get_credential().await?;
+                if !credential.bearer.is_empty() {
+                    let value = format!("Bearer {}", credential.bearer);
+                    let value = value.parse().map_err(|e| failed("the credential", e))?;
+                    request
+                        .headers_mut()
+                        .insert(http::header::AUTHORIZATION, value);
+                }
+            }
+            Signer::Azure { store, account } => {
+                let credential = store.credentials().get_credential().await?;
+                AzureAuthorizer::new(&credential, account).try_authorize(&mut request)?;
+            }
+        }
+        let answer = self
+            .client
+            .execute(request)
+            .await
+            .map_err(|e| failed("the request", e))?;
+        let status = answer.status().as_u16();
+        let body = answer
+            .into_body()
+            .bytes()
+            .await
+            .map_err(|e| failed("the answer", e))?;
+        Ok((status, body))
+    }
+
+    fn request(&self, method: http::Method, url: &str) -> Result<HttpRequest> {
+        http::Request::builder()
+            .method(method)
+            .uri(url)
+            .header(http::header::CONTENT_LENGTH, "0")
+            .body(HttpRequestBody::from(Bytes::new()))
+            .map_err(|e| failed("a request", e))
+    }
+
+    /// One page of the objects and prefixes directly below `prefix` (ending in `/`, or
+    /// empty), from `token` on.
+    pub(super) async fn list_page(&self, prefix: &str, token: Option<&str>) -> Result<Page> {
+        let azure = matches!(self.signer, Signer::Azure { .. });
+        let mut url = match azure {
+            true => format!(
+                "{}?restype=container&comp=list&delimiter=%2F&prefix={}",
+                self.bucket_url,
+                encode(prefix, false)
+            ),
+            false => format!(
+                "{}?list-type=2&delimiter=%2F&encoding-type=url&prefix={}",
+                self.bucket_url,
+                encode(prefix, false)
+            ),
+        };
+        if let Some(token) = token {
+            let name = if azure {
+                "marker"
+            } else {
+                "continuation-token"
+            };
+            url.push_str(&format!("&{name}={}", encode(token, false)));
+        }
+        let (status, body) = self.send(self.request(http::Method::GET, &url)?).await?;
+        if status != 200 {
+            return Err(failed(
+                "a listing",
+                format!("status {status}: {}", String::from_utf8_lossy(&body)),
+            ));
+        }
+        parse_listing(&body, azure)
+    }
+
+    /// Removes `key` only if it is still the version `tag` names (an ETag, or a GCS
+    /// generation given as `version:N`).
+    pub(super) async fn delete_if(&self, key: &str, tag: &str) -> Result<Deleted> {
+        let url = format!("{}/{}", self.bucket_url, encode(key, true));
+        let mut request = self.request(http::Method::DELETE, &url)?;
+        let (name, value) = match (&self.signer, tag.strip_prefix("version:")) {
+            (Signer::Gcs { .. }, Some(generation)) => ("x-goog-if-generation-match", generation),
+            _ => ("if-match", tag),
+        };
+        let value = value.parse().map_err(|e| failed("a version", e))?;
+        request.headers_mut().insert(name, value);
+        let (status, body) = self.send(request).await?;
+        match status {
+            200 | 202 | 204 => Ok(Deleted::Yes),
+            404 => Ok(Deleted::Absent),
+            409 | 412 => Ok(Deleted::Conflict),
+            _ => Err(failed(
+                "a removal",
+                format!("status {status}: {}", String::from_utf8_lossy(&body)),
+            )),
+        }
+    }
+}
+
+/// The names of an S3/GCS `ListBucketResult` or an Azure `EnumerationResults`. Names
+/// come URL-encoded where the answer says so (S3's `EncodingType` url, which was asked
+/// for; Azure's `Encoded="true"` on a name XML cannot carry).
+fn parse_listing(body: &[u8], azure: bool) -> Result<Page> {
+    use quick_xml::events::Event;
+    let bad = |e: &dyn std::fmt::Display| failed("a listing", e);
+    let mut reader = quick_xml::Reader::from_reader(body);
+    let mut path: Vec<Vec<u8>> = Vec::new();
+    // Each element's text (the last two names of its path), and whether it is encoded.
+    let mut texts: Vec<([Vec<u8>; 2], String, bool)> = Vec::new();
+    let mut text = String::new();
+    let mut encoded_name = false;
+    let mut buf = Vec::new();
+    loop {
+        match reader.read_event_into(&mut buf).map_err(|e| bad(&e))? {
+            Event::Start(e) => {
+                encoded_name = e
+                    .attributes()
+                    .flatten()
+                    .any(|a| a.key.as_ref() == b"Encoded" && a.value.as_ref() == b"true");
+                path.push(e.name().as_ref().to_vec());
+                text.clear();
+            }
+            Event::Text(t) => text.push_str(&t.decode().map_err(|e| bad(&e))?),
+            // (Text comes in pieces around each entity.)
+            Event::GeneralRef(r) => {
+                let resolved = match r.resolve_char_ref().map_err(|e| bad(&e))? {
+                    Some(c) => c.to_string(),
+                    None => {
+                        let name = r.decode().map_err(|e| bad(&e))?;
+                        quick_xml::escape::unescape(&format!("&{name};"))
+                            .map_err(|e| bad(&e))?
+                            .into_owned()
+                    }
+                };
+                text.push_str(&resolved);
+            }
+            Event::End(_) => {
+                let n = path.len();
+                if n >= 2 {
+                    let at = [path[n - 1].clone(), path[n - 2].clone()];
+                    texts.push((at, std::mem::take(&mut text), encoded_name));
+                }
+                path.pop();
+                encoded_name = false;
+            }
+            Event::Eof => break,
+            _ => {}
+        }
+        buf.clear();
+    }
+    let url_encoded = texts
+        .iter()
+        .any(|(at, t, _)| at[0] == b"EncodingType" && t == "url");
+    let mut page = Page::default();
+    for (at, text, encoded) in texts {
+        let name = |s: String| match (azure && encoded) || (!azure && url_encoded) {
+            true => decode(&s),
+            false => s,
+        };
+        match [at[0].as_slice(), at[1].as_slice()] {
+            [b"Key", b"Contents"] | [b"Name", b"Blob"] => page.objects.push(name(text)),
+            [b"Prefix", b"CommonPrefixes"] | [b"Name", b"BlobPrefix"] => {
+                page.prefixes.push(name(text))
+            }
+            [b"NextContinuationToken", _] | [b"NextMarker", _] if !text.is_empty() => {
+                page.next = Some(text)
+            }
+            _ => {}
+        }
+    }
+    Ok(page)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listings_of_each_provider_are_read() {
+        let s3 = br#"<?xml version="1.0"?><ListBucketResult><EncodingType>url</EncodingType><Contents><Key>a/x%2F%2Fy</Key></Contents>
+            <Contents><Key>a/%09t</Key></Contents><CommonPrefixes><Prefix>a/b%2F</Prefix></CommonPrefixes>
+            <NextContinuationToken>tok</NextContinuationToken></ListBucketResult>"#;
+        let page = parse_listing(s3, false).unwrap();
+        assert_eq!(page.objects, vec!["a/x//y", "a/\tt"]);
+        assert_eq!(page.prefixes, vec!["a/b/"]);
+        assert_eq!(page.next.as_deref(), Some("tok"));
+        let az = br#"<EnumerationResults><Blobs><Blob><Name>a/./c&amp;d</Name></Blob><Blob><Name Encoded="true">a/%01</Name></Blob>
+            <BlobPrefix><Name>a//</Name></BlobPrefix></Blobs><NextMarker/></EnumerationResults>"#;
+        let page = parse_listing(az, true).unwrap();
+        assert_eq!(page.objects, vec!["a/./c&d", "a/\u{1}"]);
+        assert_eq!(page.prefixes, vec!["a//"]);
+        assert_eq!(page.next, None);
+        assert_eq!(encode("a b/c", true), "a%20b/c");
+        assert_eq!(decode("a%20b+c"), "a b c");
+    }
+}
