@@ -35,6 +35,8 @@ pub struct MountConfig {
     pub object_url: Option<String>,
     /// Objects larger than this go to the object store in parts.
     pub multipart_above: u64,
+    /// The object store's server, over what the environment says (`--endpoint`).
+    pub endpoint: Option<String>,
     pub mountpoint: PathBuf,
     pub threads: usize,
     pub allow_other: bool,
@@ -266,7 +268,7 @@ fn object_core(
     config: &MountConfig,
 ) -> Result<ShardFs, DaemonError> {
     let store = Arc::new(
-        ObjectBacked::open(url)
+        ObjectBacked::open_at(url, config.endpoint.as_deref())
             .map_err(|e| store_error(url, e))?
             .with_multipart_above(config.multipart_above),
     );

@@ -118,6 +118,12 @@ struct MountArgs {
     /// 16M (the size of a part) to 5G (the most one PUT may carry).
     #[arg(long, default_value = "4G", value_parser = parse_multipart_above)]
     multipart_above: u64,
+    /// For an object store: the server to reach, in place of the provider's own: an
+    /// S3-compatible store (MinIO, Ceph RGW, Cloudflare R2, Wasabi) or an emulator. Over
+    /// AWS_ENDPOINT_URL, GOOGLE_BASE_URL or AZURE_STORAGE_ENDPOINT (for Azure, with the
+    /// account in it as the server names it). An http:// URL allows plain HTTP.
+    #[arg(long)]
+    endpoint: Option<String>,
     /// Where to show it.
     mountpoint: PathBuf,
     /// Stay attached and log to stderr.
@@ -283,6 +289,7 @@ fn mount(args: MountArgs, argv: Vec<std::ffi::OsString>) -> ExitCode {
     let config = MountConfig {
         object_url: url,
         multipart_above: args.multipart_above,
+        endpoint: args.endpoint.clone(),
         backing: abs(&backing),
         mountpoint: abs(&args.mountpoint),
         threads: args.threads,

@@ -86,6 +86,8 @@ fn force_unmount(mountpoint: &Path, pid: Option<u32>) {
 
 /// A live shardfs mount of `backing` on a fresh temporary mount point.
 pub struct Mounted {
+    /// What `shardfs mount` printed (stdout, then stderr).
+    pub mount_output: String,
     pub backing: PathBuf,
     pub mountpoint: PathBuf,
     pub log: PathBuf,
@@ -176,6 +178,11 @@ impl Mounted {
             }
         });
         Mounted {
+            mount_output: format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
             backing: backing.to_path_buf(),
             mountpoint,
             log,
@@ -378,4 +385,36 @@ pub fn journal_ids(backing: &Path) -> std::collections::BTreeSet<String> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// Where daemons of this user keep their status files (as `shardfs` finds it).
+pub fn runtime_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("SHARDFS_RUNTIME_DIR") {
+        return PathBuf::from(dir);
+    }
+    PathBuf::from("/run/shardfs")
+}
+
+/// `s` with its `%XX` escapes decoded.
+pub fn url_decoded(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(b)) => {
+                out.push(b);
+                i += 3;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }

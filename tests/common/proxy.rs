@@ -45,6 +45,8 @@ pub struct Seen {
     pub method: String,
     pub path: String,
     pub status: Option<u16>,
+    /// Its `Authorization` header, if any (which credentials signed it).
+    pub auth: Option<String>,
 }
 
 #[derive(Default)]
@@ -284,10 +286,16 @@ fn serve(client: TcpStream, target: u16, state: &State) {
     let Some(req) = read_request(&mut reader) else {
         return;
     };
+    let auth = req.headers.iter().find_map(|h| {
+        let (name, value) = h.split_once(':')?;
+        name.eq_ignore_ascii_case("authorization")
+            .then(|| value.trim().to_string())
+    });
     let mut seen = Seen {
         method: req.method.clone(),
         path: req.path.clone(),
         status: None,
+        auth,
     };
     let status = pass(client, target, state, &req);
     seen.status = status;

@@ -187,6 +187,23 @@ impl StoreServer {
         python_stdout(&code, "making a service account");
     }
 
+    /// A service account with a key of its own, which this server does not trust.
+    pub fn untrusted_service_account(&self) -> PathBuf {
+        let path = self.dir.path().join("untrusted.json");
+        let code = format!(
+            "import json\n\
+             from cryptography.hazmat.primitives.asymmetric import rsa\n\
+             from cryptography.hazmat.primitives import serialization as s\n\
+             k = rsa.generate_private_key(public_exponent=65537, key_size=2048)\n\
+             pem = k.private_bytes(s.Encoding.PEM, s.PrivateFormat.PKCS8, s.NoEncryption())\n\
+             a = json.load(open({sa:?})); a['private_key'] = pem.decode()\n\
+             json.dump(a, open({path:?}, 'w'))",
+            sa = self.service_account(),
+        );
+        python_stdout(&code, "making an untrusted service account");
+        path
+    }
+
     /// The service-account file of a GCS server.
     pub fn service_account(&self) -> PathBuf {
         self.dir.path().join("service-account.json")

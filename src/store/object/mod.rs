@@ -135,6 +135,40 @@ impl ObjectBacked {
         ObjectBacked::open_with(url, &[])
     }
 
+    /// As `open`, reaching the server at `endpoint` when one is given (`--endpoint`).
+    pub fn open_at(url: &str, endpoint: Option<&str>) -> io::Result<ObjectBacked> {
+        let Some(endpoint) = endpoint else {
+            return ObjectBacked::open(url);
+        };
+        let parsed = url::Url::parse(endpoint).map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("--endpoint {}: {e}", redacted(endpoint)),
+            )
+        })?;
+        if !parsed.username().is_empty() || parsed.password().is_some() || parsed.query().is_some()
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "--endpoint {}: credentials or parameters inside the URL would be visible \
+                     to every local user; give them in the environment",
+                    redacted(endpoint)
+                ),
+            ));
+        }
+        let key = match url.split_once("://").map(|(scheme, _)| scheme) {
+            Some("gs") => "base_url",
+            _ => "endpoint",
+        };
+        let http = if parsed.scheme() == "http" {
+            "true"
+        } else {
+            "false"
+        };
+        ObjectBacked::open_with(url, &[(key, endpoint), ("allow_http", http)])
+    }
+
     /// As `open`, with `config` (keys as the environment variables' names, lower case
     /// and without the provider's prefix: `endpoint`, `access_key_id`, …) over what the
     /// environment says.
