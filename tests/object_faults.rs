@@ -68,6 +68,7 @@ every_store!(
     a_stalled_request_fails_or_lands_and_never_loses_a_chunk,
     a_connection_cut_mid_upload_loses_nothing,
     an_answer_lost_after_the_write_landed_is_not_applied_twice,
+    a_late_retry_never_undoes_a_newer_write_from_another_node,
 );
 
 /// 503 SlowDown for PUTs, 429 for reads: backed off and retried (object_store's retry,
@@ -173,4 +174,41 @@ fn an_answer_lost_after_the_write_landed_is_not_applied_twice(kind: Kind) {
     assert_ok(&m.unmount(&[]), "unmount");
     drop(m);
     check_line(&server, "lost", 3);
+}
+
+/// A timed-out PUT is not retried by the client; its chunks stay pending and a later flush
+/// writes them. Meanwhile the stalled PUT lands, and another node writes the same chunk
+/// anew. The later flush must not put the older chunk over the newer one (the shard's
+/// stamps order them).
+fn a_late_retry_never_undoes_a_newer_write_from_another_node(kind: Kind) {
+    let server = StoreServer::start(kind);
+    let args = ["--chunks-per-shard", "4", "--idle-flush", "600"];
+    let (a, _ca) = mount(&server, "late", &args);
+    std::fs::create_dir_all(a.path("x/c")).unwrap();
+    std::fs::write(a.path("x/zarr.json"), LINE_ARRAY).unwrap();
+    std::fs::write(a.path("x/c/0"), [1; 16]).unwrap();
+    server.proxy.fault(
+        "PUT",
+        "late/x/c/0",
+        1,
+        Fault::Stall(Duration::from_secs(12)),
+    );
+    let given_up = flush(&a);
+    assert!(!given_up.status.success(), "{}", stdout(&given_up));
+    // The stalled PUT reaches the server now; then node B writes chunk 0 over it.
+    std::thread::sleep(Duration::from_secs(3));
+    let (b, _cb) = mount(&server, "late", &args);
+    std::fs::write(b.path("x/c/0"), [2; 16]).unwrap();
+    assert_ok(&b.unmount(&[]), "unmount B");
+    drop(b);
+    assert_ok(&flush(&a), "A's flush once the network is well");
+    assert_ok(&a.unmount(&[]), "unmount A");
+    drop(a);
+    let (c, _cc) = mount(&server, "late", &[]);
+    assert_eq!(
+        std::fs::read(c.path("x/c/0")).unwrap(),
+        vec![2; 16],
+        "B's newer chunk"
+    );
+    assert_ok(&c.unmount(&[]), "unmount");
 }
