@@ -674,14 +674,7 @@ impl ShardFs {
                     self.inodes.changed_here(ino);
                 }
                 self.open_chunk(array, coords, truncate, &mut handle)?;
-                // The kernel's pages of the chunk are kept only while they are of the
-                // version this open reads (a rewrite elsewhere may keep size and mtime).
-                let stored = lock(&handle.stored).clone();
-                handle
-                    .pinned_at
-                    .store(self.inodes.changes_here(ino), Relaxed);
-                let version = stored.map_or_else(|| Arc::from("here"), |c| c.version());
-                (!self.inodes.serve(ino, version), false)
+                (self.keep_chunk_pages(ino, &handle), false)
             }
             NodeKind::Dir | NodeKind::ArrayDir(_) | NodeKind::ChunkDir { .. } => {
                 return Err(FsError::IsDir);
@@ -695,6 +688,18 @@ impl ShardFs {
             keep_cache,
             direct_io,
         })
+    }
+
+    /// Whether the kernel may keep the pages it has of chunk `ino` at this open: only while
+    /// they are of the version the open reads (a rewrite elsewhere may keep size and
+    /// mtime). Pins that version to the handle.
+    fn keep_chunk_pages(&self, ino: Ino, handle: &FileHandle) -> bool {
+        let stored = lock(&handle.stored).clone();
+        handle
+            .pinned_at
+            .store(self.inodes.changes_here(ino), Relaxed);
+        let version = stored.map_or_else(|| Arc::from("here"), |c| c.version());
+        !self.inodes.serve(ino, version)
     }
 
     /// Opens a BACKING file by descriptor; returns whether the kernel may keep its pages.

@@ -140,25 +140,7 @@ pub fn path_only(target: &str) -> &str {
 /// A request target with its percent-escapes decoded (GCS's client escapes every `/` of
 /// a key), so that rules and counts name keys as they are.
 fn decoded(target: &str) -> String {
-    let bytes = target.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = bytes
-            .get(i + 1..i + 3)
-            .and_then(|h| std::str::from_utf8(h).ok());
-        match (bytes[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
-            (b'%', Some(b)) => {
-                out.push(b);
-                i += 3;
-            }
-            (c, _) => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    super::mount::url_decoded(target)
 }
 
 /// A request as read from the client: its head's lines and its body.

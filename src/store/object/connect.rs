@@ -52,13 +52,10 @@ fn truthy(v: Option<String>) -> bool {
     v.is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "true" | "1" | "yes"))
 }
 
-/// The bucket (container) a URL names: its host, or for `abfs[s]://C@ACCOUNT.dfs…` its
-/// user part. (`object_store` reads it from the URL only when it builds the store.)
+/// The bucket (container) a URL names: its host. (`object_store` reads it from the URL
+/// only when it builds the store.)
 fn bucket_of(parsed: &url::Url) -> String {
-    match parsed.username() {
-        "" => parsed.host_str().unwrap_or_default().to_string(),
-        container => container.to_string(),
-    }
+    parsed.host_str().unwrap_or_default().to_string()
 }
 
 pub(super) fn connect(
@@ -96,25 +93,14 @@ macro_rules! configured {
     }};
 }
 
-fn s3(url: &str, bucket: &str, config: &[(&str, &str)]) -> io::Result<Connected> {
-    let from_env = AmazonS3Builder::from_env();
+/// What the shared AWS profile says that the environment (`from_env`) did not.
+fn profile_settings(from_env: &AmazonS3Builder) -> io::Result<Vec<(&'static str, String)>> {
     let profile = super::profile::from_environment()?;
-    // The profile fills in what the environment did not say.
+    let said = |key: AmazonS3ConfigKey| from_env.get_config_value(&key).is_some();
     let unset = |key: &str| match key {
-        "access_key_id" | "secret_access_key" | "token" => from_env
-            .get_config_value(&AmazonS3ConfigKey::AccessKeyId)
-            .is_none(),
-        "region" => from_env
-            .get_config_value(&AmazonS3ConfigKey::Region)
-            .is_none(),
-        _ => {
-            from_env
-                .get_config_value(&AmazonS3ConfigKey::Endpoint)
-                .is_none()
-                && from_env
-                    .get_config_value(&AmazonS3ConfigKey::S3Endpoint)
-                    .is_none()
-        }
+        "access_key_id" | "secret_access_key" | "token" => !said(AmazonS3ConfigKey::AccessKeyId),
+        "region" => !said(AmazonS3ConfigKey::Region),
+        _ => !said(AmazonS3ConfigKey::Endpoint) && !said(AmazonS3ConfigKey::S3Endpoint),
     };
     if let Some(way) = &profile.unfollowed {
         warn!(
@@ -123,11 +109,16 @@ fn s3(url: &str, bucket: &str, config: &[(&str, &str)]) -> io::Result<Connected>
              instance credentials apply"
         );
     }
-    let from_profile: Vec<(&str, String)> = profile
+    Ok(profile
         .settings
         .into_iter()
         .filter(|(k, _)| unset(k))
-        .collect();
+        .collect())
+}
+
+fn s3(url: &str, bucket: &str, config: &[(&str, &str)]) -> io::Result<Connected> {
+    let from_env = AmazonS3Builder::from_env();
+    let from_profile = profile_settings(&from_env)?;
     let settings = from_profile.into_iter().chain(client_settings());
     let b = configured!(from_env.with_url(url).with_retry(retry()), settings, config);
     let region = b
@@ -203,7 +194,6 @@ fn azure(url: &str, container: &str, config: &[(&str, &str)]) -> io::Result<Conn
     } else {
         let account = b
             .get_config_value(&AzureConfigKey::AccountName)
-            .or_else(|| account_of(url))
             .unwrap_or_default();
         let base = b
             .get_config_value(&AzureConfigKey::Endpoint)
@@ -222,13 +212,4 @@ fn azure(url: &str, container: &str, config: &[(&str, &str)]) -> io::Result<Conn
         },
     );
     Ok(Connected { store, raw })
-}
-
-/// The account an `abfs[s]://C@ACCOUNT.dfs.core.windows.net` or
-/// `az://…`-with-`https://ACCOUNT.blob…` URL names, if it does.
-fn account_of(url: &str) -> Option<String> {
-    let host = url::Url::parse(url).ok()?.host_str()?.to_string();
-    let (account, rest) = host.split_once('.')?;
-    rest.ends_with("core.windows.net")
-        .then(|| account.to_string())
 }

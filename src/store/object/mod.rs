@@ -106,6 +106,24 @@ impl fmt::Debug for ObjectBacked {
     }
 }
 
+/// `url` parsed, refused when it carries credentials or parameters: a URL (the store's,
+/// or `--endpoint`) is seen by every local user (/proc/mounts, the command line) and
+/// logged. `what` names it in the message.
+fn parse_public(url: &str, what: &str) -> io::Result<url::Url> {
+    let refuse = |why: String| io::Error::new(io::ErrorKind::InvalidInput, why);
+    let parsed =
+        url::Url::parse(url).map_err(|e| refuse(format!("{what}{}: {e}", redacted(url))))?;
+    if !parsed.username().is_empty() || parsed.password().is_some() || parsed.query().is_some() {
+        return Err(refuse(format!(
+            "{what}{}: credentials or parameters inside the URL would be visible to every \
+             local user (/proc/mounts, the command line, the log); give them in the \
+             environment as the provider documents (AWS_ACCESS_KEY_ID, …)",
+            redacted(url)
+        )));
+    }
+    Ok(parsed)
+}
+
 /// `url` without what may be a secret: user and password, query and fragment.
 fn redacted(url: &str) -> String {
     let url = url.split(['?', '#']).next().unwrap_or_default();
@@ -140,23 +158,7 @@ impl ObjectBacked {
         let Some(endpoint) = endpoint else {
             return ObjectBacked::open(url);
         };
-        let parsed = url::Url::parse(endpoint).map_err(|e| {
-            io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("--endpoint {}: {e}", redacted(endpoint)),
-            )
-        })?;
-        if !parsed.username().is_empty() || parsed.password().is_some() || parsed.query().is_some()
-        {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "--endpoint {}: credentials or parameters inside the URL would be visible \
-                     to every local user; give them in the environment",
-                    redacted(endpoint)
-                ),
-            ));
-        }
+        let parsed = parse_public(endpoint, "--endpoint ")?;
         let key = match url.split_once("://").map(|(scheme, _)| scheme) {
             Some("gs") => "base_url",
             _ => "endpoint",
@@ -173,25 +175,7 @@ impl ObjectBacked {
     /// and without the provider's prefix: `endpoint`, `access_key_id`, …) over what the
     /// environment says.
     pub fn open_with(url: &str, config: &[(&str, &str)]) -> io::Result<ObjectBacked> {
-        let parsed = url::Url::parse(url).map_err(|e| {
-            io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("{}: {e}", redacted(url)),
-            )
-        })?;
-        // A URL is seen by every local user (/proc/mounts, the command line) and logged.
-        if !parsed.username().is_empty() || parsed.password().is_some() || parsed.query().is_some()
-        {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "{}: credentials or parameters inside the URL would be visible to every \
-                     local user (/proc/mounts, the command line, the log); give them in the \
-                     environment as the provider documents (AWS_ACCESS_KEY_ID, …)",
-                    redacted(url)
-                ),
-            ));
-        }
+        let parsed = parse_public(url, "")?;
         let connect::Connected { store, raw } = connect::connect(&parsed, url, config)?;
         let prefix = ObjectPath::from_url_path(parsed.path())
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("{url}: {e}")))?;

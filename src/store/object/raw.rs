@@ -226,19 +226,54 @@ impl Raw {
 /// come URL-encoded where the answer says so (S3's `EncodingType` url, which was asked
 /// for; Azure's `Encoded="true"` on a name XML cannot carry).
 fn parse_listing(body: &[u8], azure: bool) -> Result<Page> {
+    let texts = element_texts(body)?;
+    let url_encoded = texts
+        .iter()
+        .any(|t| t.name == b"EncodingType" && t.text == "url");
+    let mut page = Page::default();
+    for t in texts {
+        let name = |s: String| match (azure && t.encoded) || (!azure && url_encoded) {
+            true => decode(&s),
+            false => s,
+        };
+        match [t.name.as_slice(), t.parent.as_slice()] {
+            [b"Key", b"Contents"] | [b"Name", b"Blob"] => page.objects.push(name(t.text)),
+            [b"Prefix", b"CommonPrefixes"] | [b"Name", b"BlobPrefix"] => {
+                page.prefixes.push(name(t.text))
+            }
+            [b"NextContinuationToken", _] | [b"NextMarker", _] if !t.text.is_empty() => {
+                page.next = Some(t.text)
+            }
+            _ => {}
+        }
+    }
+    Ok(page)
+}
+
+/// The text of one element of an XML answer.
+struct ElementText {
+    name: Vec<u8>,
+    parent: Vec<u8>,
+    text: String,
+    /// Marked `Encoded="true"` (Azure, for a name XML cannot carry).
+    encoded: bool,
+}
+
+/// The text of every element with a parent, entities resolved (text comes in pieces
+/// around each entity).
+fn element_texts(body: &[u8]) -> Result<Vec<ElementText>> {
     use quick_xml::events::Event;
     let bad = |e: &dyn std::fmt::Display| failed("a listing", e);
     let mut reader = quick_xml::Reader::from_reader(body);
     let mut path: Vec<Vec<u8>> = Vec::new();
-    // Each element's text (the last two names of its path), and whether it is encoded.
-    let mut texts: Vec<([Vec<u8>; 2], String, bool)> = Vec::new();
+    let mut out = Vec::new();
     let mut text = String::new();
-    let mut encoded_name = false;
+    let mut encoded = false;
     let mut buf = Vec::new();
     loop {
         match reader.read_event_into(&mut buf).map_err(|e| bad(&e))? {
             Event::Start(e) => {
-                encoded_name = e
+                encoded = e
                     .attributes()
                     .flatten()
                     .any(|a| a.key.as_ref() == b"Encoded" && a.value.as_ref() == b"true");
@@ -246,54 +281,35 @@ fn parse_listing(body: &[u8], azure: bool) -> Result<Page> {
                 text.clear();
             }
             Event::Text(t) => text.push_str(&t.decode().map_err(|e| bad(&e))?),
-            // (Text comes in pieces around each entity.)
-            Event::GeneralRef(r) => {
-                let resolved = match r.resolve_char_ref().map_err(|e| bad(&e))? {
-                    Some(c) => c.to_string(),
-                    None => {
-                        let name = r.decode().map_err(|e| bad(&e))?;
-                        quick_xml::escape::unescape(&format!("&{name};"))
-                            .map_err(|e| bad(&e))?
-                            .into_owned()
-                    }
-                };
-                text.push_str(&resolved);
-            }
+            Event::GeneralRef(r) => text.push_str(&resolved(&r).map_err(|e| bad(&e))?),
             Event::End(_) => {
-                let n = path.len();
-                if n >= 2 {
-                    let at = [path[n - 1].clone(), path[n - 2].clone()];
-                    texts.push((at, std::mem::take(&mut text), encoded_name));
+                if let [.., parent, name] = path.as_slice() {
+                    out.push(ElementText {
+                        name: name.clone(),
+                        parent: parent.clone(),
+                        text: std::mem::take(&mut text),
+                        encoded,
+                    });
                 }
                 path.pop();
-                encoded_name = false;
+                encoded = false;
             }
-            Event::Eof => break,
+            Event::Eof => return Ok(out),
             _ => {}
         }
         buf.clear();
     }
-    let url_encoded = texts
-        .iter()
-        .any(|(at, t, _)| at[0] == b"EncodingType" && t == "url");
-    let mut page = Page::default();
-    for (at, text, encoded) in texts {
-        let name = |s: String| match (azure && encoded) || (!azure && url_encoded) {
-            true => decode(&s),
-            false => s,
-        };
-        match [at[0].as_slice(), at[1].as_slice()] {
-            [b"Key", b"Contents"] | [b"Name", b"Blob"] => page.objects.push(name(text)),
-            [b"Prefix", b"CommonPrefixes"] | [b"Name", b"BlobPrefix"] => {
-                page.prefixes.push(name(text))
-            }
-            [b"NextContinuationToken", _] | [b"NextMarker", _] if !text.is_empty() => {
-                page.next = Some(text)
-            }
-            _ => {}
-        }
+}
+
+/// What an entity reference (`&amp;`, `&#9;`) stands for.
+fn resolved(r: &quick_xml::events::BytesRef) -> std::result::Result<String, String> {
+    if let Some(c) = r.resolve_char_ref().map_err(|e| e.to_string())? {
+        return Ok(c.to_string());
     }
-    Ok(page)
+    let name = r.decode().map_err(|e| e.to_string())?;
+    quick_xml::escape::unescape(&format!("&{name};"))
+        .map(|s| s.into_owned())
+        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
