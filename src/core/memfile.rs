@@ -318,6 +318,13 @@ impl MemFile {
         s.retired
     }
 
+    /// Takes back a retirement that no longer holds: the file was retired by the write of
+    /// a shard it has since left (renamed to another chunk or name while that write was
+    /// in flight), so its content is in no shard where it is now.
+    pub fn unretire(&self) {
+        lock(&self.state).retired = false;
+    }
+
     pub fn with<R>(&self, f: impl FnOnce(&mut MemState) -> R) -> R {
         f(&mut lock(&self.state))
     }

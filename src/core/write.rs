@@ -103,7 +103,12 @@ impl ShardFs {
     /// The in-memory file that writes to inode `info` go to, made if needed.
     pub(crate) fn write_target(&self, kind: &NodeKind) -> Result<Option<Arc<MemFile>>, FsError> {
         Ok(match kind {
-            NodeKind::Temp(file) => Some(file.clone()),
+            NodeKind::Temp(file) => {
+                // A temporary name's content is in no shard: a retirement it carries is
+                // from the chunk it was renamed from (`MemFile::unretire`).
+                file.unretire();
+                Some(file.clone())
+            }
             NodeKind::Chunk { array, coords } => {
                 Some(
                     self.shards

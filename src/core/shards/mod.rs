@@ -620,6 +620,9 @@ impl ShardRegistry {
         let slot = self.slot(backing, array, &loc.shard)?;
         let mut st = lock(&slot.state);
         if let Some(m) = st.pending.get(&loc.pos).cloned() {
+            // A file this slot's own write retired has left `pending`; one still here was
+            // retired by the write of the shard it was renamed from.
+            m.unretire();
             if truncate {
                 let delta = m.change(|d| d.truncate(0)).unwrap_or(0);
                 // A new writer's content: an earlier writer's fsync does not cover it (and
