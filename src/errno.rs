@@ -24,12 +24,10 @@ impl ToErrno for FsError {
             FsError::Conflict(_) => libc::EBUSY,
             FsError::Failed(_, errno) => *errno,
             FsError::Refused(r) => r.rule.to_errno(),
-            FsError::Io(e) => e.raw_os_error().unwrap_or(match e.kind() {
-                // A write that lost to another node's (`store::mirror::Published`), said
-                // with its reason.
-                std::io::ErrorKind::StaleNetworkFileHandle => libc::ESTALE,
-                _ => libc::EIO,
-            }),
+            // (A write that lost to another node's, `store::mirror::Published`, is EIO,
+            // its reason logged: the kernel retries a rename or unlink that fails with
+            // ESTALE, and the retry would go over the newer version the mount took.)
+            FsError::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
         }
     }
 }

@@ -1235,3 +1235,34 @@ fn a_directory_where_a_shard_was_never_poisons_fsync() {
     fs::remove_dir_all(backing.join("a")).unwrap();
     assert_ok(&a.unmount(&[]), "unmount");
 }
+
+/// A rename onto an array's `zarr.json` that is refused (not Zarr metadata) left the
+/// document's inode detached in the mount while the kernel kept the name: the next write
+/// through that name (its dentry cached) went into the detached inode and was lost, the
+/// close reporting success. The name now stays the document's until a change is made.
+#[test]
+fn a_refused_rename_onto_zarr_json_leaves_the_name_to_the_document() {
+    let (_d, backing, _) = dirs();
+    let m = Mounted::new(&backing, &[], LIMIT);
+    let a = array(&m, "x", LINE);
+    // The kernel looks the document up (its dentry and inode cached from here).
+    assert!(
+        fs::read_to_string(a.join("zarr.json"))
+            .unwrap()
+            .contains("uint8")
+    );
+    fs::write(a.join("garbage.tmp"), b"not metadata").unwrap();
+    let refused = fs::rename(a.join("garbage.tmp"), a.join("zarr.json"));
+    assert!(refused.is_err(), "garbage took the array's document");
+    let doc = LINE.replace(r#""attributes":{}"#, r#""attributes":{"kept":1}"#);
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(a.join("zarr.json"))
+        .unwrap();
+    f.write_all(doc.as_bytes()).unwrap();
+    drop(f);
+    assert_ok(&m.unmount(&[]), "unmount");
+    let stored = stored_doc(&backing, "x");
+    assert_eq!(stored["attributes"]["kept"], 1, "{stored}");
+}

@@ -620,18 +620,40 @@ fn a_stale_zarr_json_never_overwrites_another_nodes_new_array(kind: Kind) {
     drop(a);
     // B, which still knows the old layout.
     let _ = std::fs::write(b.path("x/c/1"), [2; 16]);
-    // (Python reports what close() says: the document is published then.)
+    // Each of B's changes below is made on a document another node replaced since B read
+    // it (a refusal makes B take the store's version: a change after that is B's own):
+    // by zarr-python (a temporary file renamed onto zarr.json; the kernel retries a rename
+    // that fails with ESTALE, so the refusal is EIO), written in place (Python reports
+    // what close() says: the document is published then), and removed.
     let doc = common::LINE_ARRAY.replace(r#""attributes":{}"#, r#""attributes":{"b":1}"#);
     let code = format!(
-        "import errno, sys\n\
+        "import errno, os, sys, zarr\n\
+         def in_place():\n\
+         \x20   with open(sys.argv[1] + '/zarr.json', 'w') as f: f.write({doc:?})\n\
+         def attrs():\n\
+         \x20   zarr.open_array(sys.argv[1], mode='r+').attrs['b'] = 2\n\
+         what = sys.argv[2]\n\
          try:\n\
-         \x20   with open(sys.argv[1], 'w') as f: f.write({doc:?})\n\
+         \x20   {{'attribute': attrs, 'document': in_place,\n\
+         \x20    'removal': lambda: os.unlink(sys.argv[1] + '/zarr.json')}}[what]()\n\
          except OSError as e:\n\
-         \x20   assert e.errno == errno.ESTALE, e\n\
+         \x20   assert e.errno == errno.EIO, (what, e)\n\
          else:\n\
-         \x20   sys.exit(\"B's stale document was taken\")"
+         \x20   sys.exit(f\"B's stale {{what}} was taken\")"
     );
-    common::mount::python_ok("B's document refused", &code, &[&b.path("x/zarr.json")]);
+    let b_x = b.path("x");
+    for (i, what) in ["attribute", "document", "removal"].iter().enumerate() {
+        if i > 0 {
+            // Another node writes A's document again, as B took it.
+            let now = server.get("meta/x/zarr.json").unwrap();
+            let mut again: serde_json::Value = serde_json::from_slice(&now).unwrap();
+            again["attributes"]["round"] = serde_json::json!(i);
+            server.put("meta/x/zarr.json", again.to_string().as_bytes());
+        }
+
+        common::mount::python_ok(what, &code, &[&b_x, Path::new(what)]);
+    }
+
     let _ = b.unmount(&[]);
     drop(b);
     let stored = server.get("meta/x/zarr.json").expect("A's document");

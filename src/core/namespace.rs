@@ -486,10 +486,23 @@ impl ShardFs {
 
     /// Before a name is unlinked or replaced: an open file keeps what it had.
     fn detach_name(&self, parent: Ino, name: &OsStr, kind: &NodeKind, rel: &Path) {
-        let Some(ino) = self.inodes.peek(parent, name) else {
-            return;
-        };
-        let orphan = if self.handles.is_open(ino) {
+        let orphan = self.orphan_of(parent, name, kind, rel);
+        self.inodes.detach(parent, name, orphan);
+    }
+
+    /// What the inode of `name` in `parent` is once its name goes: for handles open on
+    /// it, its content, taken now (a chunk's or held file's, before it is replaced).
+    /// Taken before a change, and the name detached only once the change is made: a
+    /// change that fails leaves the kernel the name, which must still lead to the file.
+    fn orphan_of(
+        &self,
+        parent: Ino,
+        name: &OsStr,
+        kind: &NodeKind,
+        rel: &Path,
+    ) -> Option<NodeKind> {
+        let ino = self.inodes.peek(parent, name)?;
+        if self.handles.is_open(ino) {
             match kind {
                 NodeKind::Chunk { .. } | NodeKind::Temp(_) => self
                     .content_of(kind, rel, Caller::daemon())
@@ -505,8 +518,7 @@ impl ShardFs {
             }
         } else {
             None
-        };
-        self.inodes.detach(parent, name, orphan);
+        }
     }
 
     pub fn unlink(&self, parent: Ino, name: &OsStr, by: Caller) -> Result<(), FsError> {
@@ -555,10 +567,12 @@ impl ShardFs {
                 return Ok(());
             }
             _ => {
-                // Detached first: an open file may need its content read before it goes.
-                self.detach_name(parent, name, &kind, &rel);
+                // An open file's content is read before it goes; the name is detached once
+                // it is gone (a refused removal leaves the kernel the name).
+                let orphan = self.orphan_of(parent, name, &kind, &rel);
                 // As the caller: the kernel checks the directory really there.
                 let removed = crate::backing::as_user(by.asker(), || self.remove_whole(&rel))?;
+                self.inodes.detach(parent, name, orphan);
                 if !removed {
                     return Err(FsError::NotFound);
                 }
@@ -787,10 +801,14 @@ impl ShardFs {
                 if let Some(dir) = to.parent() {
                     self.backing.create_dir_all(dir)?;
                 }
-                if let Some(d) = &mv.dst {
-                    self.detach_name(mv.to.0, mv.to.1, d, &mv.dst_rel);
-                }
+                let orphan = mv
+                    .dst
+                    .as_ref()
+                    .map(|d| self.orphan_of(mv.to.0, mv.to.1, d, &mv.dst_rel));
                 self.as_caller(mv.by, || self.backing.rename(&mv.src_rel, to))?;
+                if let Some(orphan) = orphan {
+                    self.inodes.detach(mv.to.0, mv.to.1, orphan);
+                }
                 Ok(mv.src.clone())
             }
             // Everything else moves content: into a shard, memory, BACKING or metadata.
@@ -858,9 +876,10 @@ impl ShardFs {
     fn move_content(&self, mv: &Move, src_ino: Option<Ino>) -> Result<NodeKind, FsError> {
         self.may_move_content(Some((&mv.src, &mv.src_rel)), &mv.place, mv.by)?;
         let content = self.content_of(&mv.src, &mv.src_rel, mv.by)?;
-        if let Some(d) = &mv.dst {
-            self.detach_name(mv.to.0, mv.to.1, d, &mv.dst_rel);
-        }
+        let orphan = mv
+            .dst
+            .as_ref()
+            .map(|d| self.orphan_of(mv.to.0, mv.to.1, d, &mv.dst_rel));
         if let NodeKind::ArrayMeta(array) = &mv.src {
             self.flush_array_at(&array.rel)?;
         }
@@ -872,6 +891,9 @@ impl ShardFs {
             });
         }
         let mut kind = self.put_content(&mv.place, content.clone(), src_ino)?;
+        if let Some(orphan) = orphan {
+            self.inodes.detach(mv.to.0, mv.to.1, orphan);
+        }
         // A chunk whose content the journal holds is made durable at its new name before
         // its old name's removal is journaled: a crash finds it at one of them. If that
         // fails (a full disk), or the file is still being written, the old name's records

@@ -43,8 +43,10 @@ pub struct Mirrored {
 /// written out), with the version of each object this mount last saw or wrote. A write
 /// replaces only that version (`If-Match`), or creates (`If-None-Match`) when this mount
 /// knows of none; a removal removes only that version. So a node that saw an old document
-/// never overwrites, nor removes, another node's newer one: its write fails (ESTALE) and
-/// its tree takes the store's version (`refresh`), which the next look at it shows.
+/// never overwrites, nor removes, another node's newer one: its write fails (EIO, the
+/// reason logged; not ESTALE, which the kernel retries for a rename or an unlink, and the
+/// retry would go over the version taken) and its tree takes the store's version
+/// (`refresh`), which the next look at it shows.
 #[derive(Debug)]
 pub struct Published {
     store: Arc<dyn Store>,
@@ -79,7 +81,7 @@ impl Published {
 
     /// Writes `rel` on the condition that the store still has the version this mount
     /// knows (none: that it has none). A conflict takes the store's version into `local`
-    /// and fails (ESTALE).
+    /// and fails.
     pub fn put(&self, local: &Backing, rel: &Path, parts: &[Bytes]) -> Result<(), StoreError> {
         match self.store.put(rel, parts, self.known(rel)) {
             Ok(info) => {
