@@ -471,3 +471,48 @@ fn no_secret_shows_in_anything_a_mount_prints_or_logs(kind: Kind) {
         );
     }
 }
+
+/// An endpoint carrying credentials is refused wherever it comes from (the environment, a
+/// profile, the command line), without repeating them: it would be shown in errors,
+/// `stats` and the log.
+#[test]
+fn an_endpoint_carrying_credentials_is_refused_wherever_it_comes_from() {
+    let server = StoreServer::start(Kind::S3);
+    let home_dir = empty_home();
+    let with_secret = format!("http://AKIA:Se3cretX@127.0.0.1:{}", server.proxy.port);
+    let keys = [
+        home(&home_dir),
+        ("AWS_ACCESS_KEY_ID", "AKIATEST".to_string()),
+        ("AWS_SECRET_ACCESS_KEY", "t".to_string()),
+        ("AWS_REGION", "us-east-1".to_string()),
+        ("AWS_ALLOW_HTTP", "true".to_string()),
+    ];
+    let mut env = keys.to_vec();
+    env.push(("AWS_ENDPOINT_URL", with_secret.clone()));
+    let message = refused_mount(&server, "cred", &env);
+    assert!(message.contains("credentials"), "{message}");
+    assert!(!message.contains("Se3cretX"), "{message}");
+    // From a profile.
+    let aws = home_dir.path().join(".aws");
+    std::fs::create_dir(&aws).unwrap();
+    std::fs::write(
+        aws.join("config"),
+        format!("[default]\nendpoint_url = {with_secret}\n"),
+    )
+    .unwrap();
+    let message = refused_mount(&server, "cred", &keys);
+    assert!(message.contains("credentials"), "{message}");
+    assert!(!message.contains("Se3cretX"), "{message}");
+    // On the command line.
+    let dir = tempfile::tempdir().unwrap();
+    let out = run_timeout(
+        Command::new(common::shardfs_bin())
+            .args(["mount", &server.url("cred")])
+            .arg(dir.path())
+            .args(["--endpoint", &with_secret])
+            .envs(keys.iter().map(|(k, v)| (*k, v.as_str()))),
+        Duration::from_secs(60),
+    );
+    assert!(!out.status.success());
+    assert!(!stderr(&out).contains("Se3cretX"), "{}", stderr(&out));
+}

@@ -780,10 +780,15 @@ fn keys_the_mount_cannot_name_are_skipped_and_the_rest_shown(kind: Kind) {
             ("odd/\u{1}.txt", "odd/\u{1}.txt"),
         ]);
     }
+    // And keys the tree cannot hold: an object named like a directory, a name longer
+    // than a file system takes (each said once, with the error).
+    let long = format!("odd/{}", "n".repeat(300));
+    let unshowable = ["odd/f/g.txt", long.as_str()];
     for key in odd
         .iter()
         .map(|o| o.0)
-        .chain(["odd/ok.txt", "odd/a/fine.txt"])
+        .chain(["odd/ok.txt", "odd/a/fine.txt", "odd/f"])
+        .chain(unshowable)
     {
         server.put(key, b"data");
     }
@@ -802,7 +807,8 @@ fn keys_the_mount_cannot_name_are_skipped_and_the_rest_shown(kind: Kind) {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     top.sort();
-    let mut expected = vec!["a", "ok.txt"];
+    assert_eq!(std::fs::read(m.path("f")).unwrap(), b"data", "the object f");
+    let mut expected = vec!["a", "f", "ok.txt"];
     if kind != Kind::Azure {
         expected.extend(["x", "y"]);
     }
@@ -812,6 +818,13 @@ fn keys_the_mount_cannot_name_are_skipped_and_the_rest_shown(kind: Kind) {
     for (_, named) in &odd {
         let said = log.matches(&format!("{named:?}")).count();
         assert_eq!(said, 1, "{named:?} said {said} times:\n{log}");
+    }
+    for (named, why) in [("f", "Not a directory"), (&long[4..], "too long")] {
+        let said = log
+            .lines()
+            .filter(|l| l.contains(named) && l.contains(why))
+            .count();
+        assert_eq!(said, 1, "{named} said {said} times:\n{log}");
     }
     assert_ok(&m.unmount(&[]), "unmount");
 }

@@ -258,6 +258,21 @@ fn empty_but_journal(cache: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// Whether `e` says that a key cannot be a file or directory of the tree: a name longer
+/// than a file system takes, or an object named like a directory (`x` beside `x/y`).
+fn unshowable(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ENAMETOOLONG | libc::ENOTDIR | libc::EISDIR | libc::EEXIST)
+    )
+}
+
+/// Skips `key`, which the tree cannot show (`unshowable`), saying why.
+fn skip(found: &mut Mirrored, key: &Path, e: &io::Error) {
+    found.skipped.push(key.display().to_string());
+    warn!(key = %key.display(), "not shown: {e}");
+}
+
 fn pull_dir(
     store: &dyn Store,
     local: &Backing,
@@ -265,7 +280,13 @@ fn pull_dir(
     found: &mut Mirrored,
 ) -> Result<(), StoreError> {
     let listing = store.list(dir)?;
-    local.create_dir_all(dir)?;
+    if let Err(e) = local.create_dir_all(dir) {
+        if unshowable(&e) {
+            skip(found, dir, &e);
+            return Ok(());
+        }
+        return Err(e.into());
+    }
     found.dirs += 1;
     let mut is_array = false;
     // The document first: below an array everything else is its key tree (shards, which
@@ -292,8 +313,13 @@ fn pull_dir(
             found.documents += 1;
             is_array = is_array_document(&bytes);
         }
-        local.write_atomic(&key, &[bytes], false, None)?;
-        found.tags.insert(key, info.tag);
+        match local.write_atomic(&key, &[bytes], false, None) {
+            Ok(_) => {
+                found.tags.insert(key, info.tag);
+            }
+            Err(e) if unshowable(&e) => skip(found, &key, &e),
+            Err(e) => return Err(e.into()),
+        }
     }
     if is_array {
         // Below an array is its key tree: shards, read from the store as they are needed.

@@ -14,7 +14,7 @@ use object_store::{BackoffConfig, ClientConfigKey, ClientOptions, ObjectStore, R
 use tracing::warn;
 
 use super::raw::{Raw, Signer};
-use super::{REQUEST_BUDGET, redacted, to_io};
+use super::{REQUEST_BUDGET, parse_public, redacted, to_io};
 
 pub(super) struct Connected {
     pub store: Arc<dyn ObjectStore>,
@@ -46,6 +46,16 @@ fn http_client(allow_http: bool) -> io::Result<HttpClient> {
         .with_allow_http(allow_http)
         .with_connect_timeout(std::time::Duration::from_secs(3));
     ReqwestConnector::default().connect(&options).map_err(to_io)
+}
+
+/// Refuses an endpoint (from the environment, a profile or the command line) that carries
+/// credentials: it is shown in errors, `stats` and the log. `what` names where it came
+/// from.
+fn public_endpoint(what: &str, value: Option<String>) -> io::Result<()> {
+    match value {
+        Some(v) => parse_public(&v, &format!("{what} ")).map(drop),
+        None => Ok(()),
+    }
 }
 
 fn truthy(v: Option<String>) -> bool {
@@ -121,6 +131,14 @@ fn s3(url: &str, bucket: &str, config: &[(&str, &str)]) -> io::Result<Connected>
     let from_profile = profile_settings(&from_env)?;
     let settings = from_profile.into_iter().chain(client_settings());
     let b = configured!(from_env.with_url(url).with_retry(retry()), settings, config);
+    for (what, key) in [
+        ("the S3 endpoint", AmazonS3ConfigKey::Endpoint),
+        ("the S3 endpoint", AmazonS3ConfigKey::S3Endpoint),
+        ("the STS endpoint", AmazonS3ConfigKey::StsEndpoint),
+        ("the metadata endpoint", AmazonS3ConfigKey::MetadataEndpoint),
+    ] {
+        public_endpoint(what, b.get_config_value(&key))?;
+    }
     let region = b
         .get_config_value(&AmazonS3ConfigKey::Region)
         .unwrap_or_else(|| "us-east-1".into());
@@ -157,6 +175,10 @@ fn gcs(url: &str, bucket: &str, config: &[(&str, &str)]) -> io::Result<Connected
         client_settings(),
         config
     );
+    public_endpoint(
+        "the GCS base URL",
+        b.get_config_value(&GoogleConfigKey::BaseUrl),
+    )?;
     let base = b
         .get_config_value(&GoogleConfigKey::BaseUrl)
         .unwrap_or_else(|| "https://storage.googleapis.com".into());
@@ -181,6 +203,14 @@ fn azure(url: &str, container: &str, config: &[(&str, &str)]) -> io::Result<Conn
         client_settings(),
         config
     );
+    public_endpoint(
+        "the Azure endpoint",
+        b.get_config_value(&AzureConfigKey::Endpoint),
+    )?;
+    public_endpoint(
+        "AZURITE_BLOB_STORAGE_URL",
+        std::env::var("AZURITE_BLOB_STORAGE_URL").ok(),
+    )?;
     let emulator = truthy(b.get_config_value(&AzureConfigKey::UseEmulator));
     // As `object_store` builds it: the emulator's account is a path segment.
     let (account, container_url, allow_http) = if emulator {
