@@ -140,6 +140,13 @@ pub trait Store: Send + Sync + Debug {
     fn lost(&self) -> bool {
         false
     }
+    /// What it lost was published again: from now on an absence is an absence.
+    fn recovered(&self) {}
+    /// Makes sure, now, that the store is there (its bucket): an absence found just before
+    /// is then what another writer did, not the store's loss.
+    fn confirm_there(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
     /// The requests made so far, by kind, where each costs a round trip.
     fn requests(&self) -> Option<std::collections::BTreeMap<String, u64>> {
         None

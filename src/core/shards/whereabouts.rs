@@ -169,11 +169,14 @@ const DOCUMENT_CHECKED_FOR: Duration = Duration::from_secs(1);
 
 /// In an object store an array has no directory to hold: another node may remove it, or
 /// make another array at its path, while this mount still has chunks of it. Its metadata
-/// document tells. Chunks are written while the document there places them where their
-/// array did (a resize or new attributes change nothing for them); a document gone, or
-/// one of another layout, means the array they were written into is gone, and they go
-/// with it, as on a file system. A store that lost everything (its bucket gone while
-/// mounted) gets the document published again with the shards, not taken as removed.
+/// document tells what may be written. Chunks are written while the document there takes
+/// them as they are (`places_alike`: a resize or new attributes change nothing for them).
+/// A document gone, or one that would read them otherwise, cannot say whether another
+/// node removed the array or the store lost it (a bucket deleted and made again between
+/// two looks), so the chunks are never dropped on that word: they wait, the write fails
+/// naming why, and `shardfs unmount --give-up` gives them up. Only a store known to have
+/// lost everything (its bucket seen gone while mounted) gets the tree's documents
+/// published again, once, when it is back; from then on an absence is an absence.
 #[derive(Debug, Default)]
 pub(crate) struct Documents(Mutex<HashMap<PathBuf, Instant>>);
 
@@ -193,23 +196,26 @@ impl Documents {
         let key = array.rel.join(METADATA_FILE);
         let verdict = match store.get(&key, MAX_METADATA_BYTES) {
             Ok(Some((bytes, _))) if places_alike(&bytes, array) => Whereabouts::At(array.clone()),
-            Ok(Some(_)) => {
-                tracing::warn!(array = %store.describe(&array.rel),
-                    "array made anew with another layout by another node: the chunks \
-                     written into the old one here go with it");
-                Whereabouts::Gone
-            }
-            Ok(None) if store.lost() => match publish_again(store, backing, &array.rel) {
+            Ok(Some(_)) => Whereabouts::Lost(format!(
+                "{} was made anew by another node with another layout (data type, codecs or \
+                 chunking): the chunks written into the old one here wait, never written as \
+                 that one's shards (`shardfs unmount --give-up` gives them up)",
+                store.describe(&key)
+            )),
+            Ok(None) if store.lost() => match publish_tree_again(store, backing) {
                 Ok(()) => Whereabouts::At(array.clone()),
                 Err(e) => {
                     Whereabouts::Lost(format!("its metadata could not be published again: {e}"))
                 }
             },
-            Ok(None) => {
-                tracing::warn!(array = %store.describe(&array.rel),
-                    "array removed by another node: the chunks written into it here go with it");
-                Whereabouts::Gone
-            }
+            Ok(None) => match store.confirm_there() {
+                Err(e) => Whereabouts::Lost(e.to_string()),
+                Ok(()) => Whereabouts::Lost(format!(
+                    "{} is gone from the store (another node removed the array?): the chunks \
+                     written into it here wait (`shardfs unmount --give-up` gives them up)",
+                    store.describe(&key)
+                )),
+            },
             Err(e) => Whereabouts::Lost(format!("its metadata could not be read: {e}")),
         };
         if matches!(verdict, Whereabouts::At(_)) {
@@ -219,32 +225,49 @@ impl Documents {
     }
 }
 
-/// Whether the document `bytes` places chunks where `array`'s layout does.
+/// Whether the document `bytes` takes the chunks written under `array`'s as they are: it
+/// places them where that one did, with the same data type and codecs (the stored, sharded
+/// form: its inner chunks' codecs and its index). A resize, new attributes or another fill
+/// value change nothing for them.
 fn places_alike(bytes: &[u8], array: &ArrayState) -> bool {
     match Node::parse(bytes) {
-        Ok(Node::Array(meta)) => matches!(
-            crate::zarr::ShardLayout::of(&meta),
-            Ok(Some(layout)) if layout.same_placement(&array.layout)
-        ),
+        Ok(Node::Array(meta)) => {
+            meta.data_type == array.meta.data_type
+                && same_codecs(&meta.codecs, &array.meta.codecs)
+                && matches!(
+                    crate::zarr::ShardLayout::of(&meta),
+                    Ok(Some(layout)) if layout.same_placement(&array.layout)
+                )
+        }
         _ => false,
     }
 }
 
-/// Publishes the documents of the array at `rel` and of the groups above it again (from
-/// this mount's tree) where the store has none: a store that lost everything gets back
-/// the metadata its shards need to be read.
-fn publish_again(
+/// Whether two codec chains are the same, whatever form each codec is written in (a bare
+/// name, or an object without configuration).
+fn same_codecs(a: &[crate::zarr::NamedConfig], b: &[crate::zarr::NamedConfig]) -> bool {
+    let form = |c: &crate::zarr::NamedConfig| {
+        let config = c.configuration.clone().unwrap_or_default();
+        (c.name.clone(), config, c.extra.clone())
+    };
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| form(x) == form(y))
+}
+
+/// Publishes every document of this mount's tree again where the store has none (a store
+/// that lost everything gets back the metadata its shards need to be read; a document
+/// another node made meanwhile stays), then takes the store as whole again.
+fn publish_tree_again(
     store: &dyn crate::store::Store,
     backing: &Backing,
-    rel: &Path,
 ) -> Result<(), crate::store::StoreError> {
-    let mut dir = Some(rel);
-    while let Some(d) = dir {
-        let key = d.join(METADATA_FILE);
-        if let Some(bytes) = backing.read_at_most(&key, MAX_METADATA_BYTES)? {
+    let mut dirs = vec![PathBuf::new()];
+    while let Some(dir) = dirs.pop() {
+        let key = dir.join(METADATA_FILE);
+        let document = backing.read_at_most(&key, MAX_METADATA_BYTES)?;
+        if let Some(bytes) = &document {
             match store.put(
                 &key,
-                &[bytes::Bytes::from(bytes)],
+                &[bytes::Bytes::from(bytes.clone())],
                 crate::store::Precondition::Absent,
             ) {
                 Ok(_) => tracing::warn!(document = %store.describe(&key),
@@ -253,7 +276,18 @@ fn publish_again(
                 Err(e) => return Err(e),
             }
         }
-        dir = d.parent();
+        // (Below an array is its key tree, which the mount's tree does not hold.)
+        if document.is_some_and(|b| matches!(Node::parse(&b), Ok(Node::Array(_)))) {
+            continue;
+        }
+        for entry in backing.list(&dir)? {
+            if entry.kind == EntryKind::Dir
+                && !(dir.as_os_str().is_empty() && entry.name == ".shardfs")
+            {
+                dirs.push(dir.join(&entry.name));
+            }
+        }
     }
+    store.recovered();
     Ok(())
 }

@@ -716,6 +716,15 @@ impl Store for ObjectBacked {
     fn lost(&self) -> bool {
         self.bucket_lost.load(Relaxed)
     }
+
+    fn recovered(&self) {
+        self.bucket_lost.store(false, Relaxed);
+    }
+
+    fn confirm_there(&self) -> Result<(), StoreError> {
+        *self.bucket_seen.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        self.confirm_absent()
+    }
 }
 
 #[cfg(test)]
