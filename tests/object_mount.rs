@@ -73,6 +73,7 @@ every_store!(
     parallel_unmounts_merge_and_never_fail,
     keys_the_mount_cannot_name_are_skipped_and_the_rest_shown,
     a_removal_never_takes_a_version_written_after_it_looked,
+    a_time_from_the_future_never_freezes_a_chunk,
 );
 
 fn both_clients_write_one_put_per_shard(kind: Kind) {
@@ -929,4 +930,65 @@ fn a_removal_never_takes_a_version_written_after_it_looked(kind: Kind) {
         server.native()
     );
     common::mount::python_ok("the native chunk kept", &check, &[]);
+}
+
+/// A shard whose stamps say its chunks were written an hour from now (a node whose clock
+/// runs fast, or a hostile bucket): before, every later write of those chunks was taken for
+/// an older one and dropped, the writer told it succeeded. Such times are not believed.
+fn a_time_from_the_future_never_freezes_a_chunk(kind: Kind) {
+    let server = StoreServer::start(kind);
+    let args = ["--chunks-per-shard", "8", "--idle-flush", "600"];
+    let (a, _ca) = mount(&server, "future", &args);
+    std::fs::create_dir_all(a.path("x/c")).unwrap();
+    std::fs::write(a.path("x/zarr.json"), common::LINE_ARRAY).unwrap();
+    std::fs::write(a.path("x/c/0"), [9; 16]).unwrap();
+    assert_ok(&a.unmount(&[]), "unmount A");
+    drop(a);
+    // The shard's stamps block (8 times, then n, a crc32c and the magic, just before the
+    // 8-entry index and its crc32c) forged to an hour ahead.
+    let mut shard = server.get("future/x/c/0").expect("the shard");
+    let index = 8 * 16 + 4;
+    let block = shard.len() - index - (8 * 8 + 16);
+    let ahead = (std::time::SystemTime::now() + Duration::from_secs(3600))
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    for k in 0..8 {
+        shard[block + 8 * k..block + 8 * k + 8].copy_from_slice(&ahead.to_le_bytes());
+    }
+    assert_eq!(
+        &shard[block + 72..block + 80],
+        b"shfsstmp",
+        "the stamps block"
+    );
+    let crc = crc32c_of(&shard[block..block + 68]);
+    shard[block + 68..block + 72].copy_from_slice(&crc.to_le_bytes());
+    server.put("future/x/c/0", &shard);
+    let (b, _cb) = mount(&server, "future", &args);
+    write_fsynced(&b.path("x/c/0"), &[2; 16]);
+    assert_ok(&b.unmount(&[]), "unmount B");
+    drop(b);
+    let (c, _cc) = mount(&server, "future", &[]);
+    assert_eq!(
+        std::fs::read(c.path("x/c/0")).unwrap(),
+        vec![2; 16],
+        "B's write"
+    );
+    assert_ok(&c.unmount(&[]), "unmount");
+}
+
+/// CRC-32C (Castagnoli), as the shard format's checksums.
+fn crc32c_of(bytes: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in bytes {
+        crc ^= b as u32;
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 {
+                (crc >> 1) ^ 0x82F6_3B78
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
 }

@@ -198,10 +198,21 @@ pub struct MemState {
 }
 
 /// Nanoseconds since the epoch, now.
+/// The wall-clock time, in ns since the epoch, as content times (`shard::stamps`) take it:
+/// never earlier than one this process gave before, so that a clock stepped back never
+/// orders this mount's later write of a chunk before its earlier one.
 pub fn now_ns() -> u64 {
-    SystemTime::now()
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let wall = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let prev = LAST.fetch_max(wall, Ordering::Relaxed);
+    if wall > prev {
+        return wall;
+    }
+    // (Steps of 1 ns past the last one given: distinct and increasing.)
+    LAST.fetch_add(1, Ordering::Relaxed) + 1
 }
 
 impl MemFile {

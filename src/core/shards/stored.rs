@@ -50,15 +50,36 @@ pub(crate) struct OpenShard {
 impl OpenShard {
     /// When each position got what this version holds, if shardfs wrote it: read from the
     /// file the first time, then kept with the version's index.
+    /// A time further ahead of this node's clock than `FUTURE_SLACK` is believed to be
+    /// no time (0: older than any): a node whose clock runs fast, or a hostile shard, would
+    /// otherwise have every later write of the chunk taken for an older one and dropped.
     pub fn stamps(&self) -> Option<Arc<Vec<u64>>> {
         let read = || {
             let index = self.stored.index.as_ref().ok()?;
             let len = self.file.info().size;
-            crate::shard::stamps::read(&*self.file, len, &self.stored.format, index).map(Arc::new)
+            let mut stamps =
+                crate::shard::stamps::read(&*self.file, len, &self.stored.format, index)?;
+            let limit =
+                crate::core::memfile::now_ns().saturating_add(FUTURE_SLACK.as_nanos() as u64);
+            let ahead = stamps.iter().filter(|&&t| t > limit).count();
+            if ahead > 0 {
+                warn!(
+                    positions = ahead,
+                    "a shard says chunks were written in the future (a node's clock ahead of this one's?): those times are not believed"
+                );
+                stamps
+                    .iter_mut()
+                    .filter(|t| **t > limit)
+                    .for_each(|t| *t = 0);
+            }
+            Some(Arc::new(stamps))
         };
         self.stored.stamps.get_or_init(read).clone()
     }
 }
+
+/// How far ahead of this node's clock a shard's stamp may be and still be believed.
+const FUTURE_SLACK: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// A stored chunk: which version of which shard holds it, where, and that version pinned.
 #[derive(Clone, Debug)]

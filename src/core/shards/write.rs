@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use tracing::{debug, error, warn};
+use tracing::{debug, error, info, warn};
 
 use super::super::array::{ArrayState, lock};
 use super::super::error::FsError;
@@ -443,6 +443,18 @@ impl ShardJob<'_> {
             let ours = self.times.get(p).copied().unwrap_or(u64::MAX);
             stamps.get(*p).is_some_and(|&theirs| theirs > ours)
         };
+        let superseded: Vec<usize> = self
+            .chosen
+            .iter()
+            .map(|c| c.0)
+            .chain(self.deleted.iter().copied())
+            .filter(|p| later(p))
+            .collect();
+        if !superseded.is_empty() {
+            info!(shard = %self.rel.display(), ?superseded,
+                "not written over: the shard holds a later write of these positions (another \
+                 writer's, by the times written with each)");
+        }
         OwnedJob {
             job: *self,
             chosen: self
