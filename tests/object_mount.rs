@@ -67,6 +67,7 @@ every_store!(
     chunk_files_copied_in_before_their_metadata_are_sharded,
     one_open_sees_one_version_and_a_fresh_open_the_newest,
     a_reader_is_never_stale_for_a_rewrite_of_other_chunks,
+    a_reader_is_never_stale_for_rewrites_of_a_native_shard,
     a_killed_nodes_journal_never_overwrites_a_newer_write,
     a_stale_zarr_json_never_overwrites_another_nodes_new_array,
     a_bucket_gone_is_an_error_never_absent,
@@ -560,6 +561,51 @@ fn a_reader_is_never_stale_for_a_rewrite_of_other_chunks(kind: Kind) {
     );
     assert!(
         server.puts("own/a/c/0") >= 2,
+        "{:?}",
+        server.proxy.requests()
+    );
+    assert_ok(&m.unmount(&[]), "unmount");
+}
+
+/// As above, for a shard a native writer made (it carries no times of shardfs's): the
+/// versions this mount writes over it remember which chunks they kept, so a reader of the
+/// native version reads on through two rewrites of the other chunk.
+fn a_reader_is_never_stale_for_rewrites_of_a_native_shard(kind: Kind) {
+    let server = StoreServer::start(kind);
+    let native = format!(
+        "import sys; sys.path.insert(0, {:?}); import s3_clients, zarr\n\
+         MiB = 1 << 20\n\
+         a = zarr.create_array(s3_clients.native_store({:?}), name='nat/a', shape=(8 * MiB,), \
+         chunks=(4 * MiB,), shards=(8 * MiB,), dtype='uint8', compressors=None, fill_value=0)\n\
+         a[:4 * MiB] = 0x11\n\
+         s3_clients.done()",
+        script(""),
+        server.native()
+    );
+    common::mount::python_ok("a native sharded array", &native, &[]);
+    let (m, _cache) = mount(&server, "nat", &["--idle-flush", "600"]);
+    let code = "import os, subprocess, sys, zarr\n\
+        p, shardfs, mnt = sys.argv[1:4]; MiB = 1 << 20\n\
+        fd = os.open(os.path.join(p, 'c', '0'), os.O_RDONLY)\n\
+        got = os.pread(fd, MiB, 0)\n\
+        a = zarr.open_array(p, mode='r+')\n\
+        for value, at in ((0x33, MiB), (0x44, 2 * MiB)):\n\
+        \x20   a[4 * MiB:] = value\n\
+        \x20   subprocess.run([shardfs, 'flush', mnt], check=True)\n\
+        \x20   got += os.pread(fd, MiB, at)\n\
+        got += os.pread(fd, MiB, 3 * MiB)\n\
+        assert got == b'\\x11' * (4 * MiB), 'chunk 0 changed'";
+    common::mount::python_ok(
+        "chunk 0 read on while chunk 1 is written twice",
+        code,
+        &[
+            &m.path("a"),
+            Path::new(env!("CARGO_BIN_EXE_shardfs")),
+            &m.mountpoint,
+        ],
+    );
+    assert!(
+        server.puts("nat/a/c/0") >= 2,
         "{:?}",
         server.proxy.requests()
     );

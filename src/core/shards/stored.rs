@@ -28,6 +28,43 @@ pub(crate) struct StoredIndex {
     pub index: Result<Arc<ShardIndex>, IndexError>,
     /// Its stamps (`shard::stamps`), read once per version, when first asked for.
     pub stamps: Arc<OnceLock<Option<Arc<Vec<u64>>>>>,
+    /// For a version this mount wrote: the earlier versions (their tags, the last few) and
+    /// the positions whose chunks it kept from each, byte for byte. A reader of one of
+    /// them reads on in this one (`StoredChunk::same_content`), stamps or none (a shard a
+    /// native writer made has none).
+    pub kept: Lineage,
+}
+
+/// Earlier versions of a shard, and which of their chunks a later one kept as they were.
+pub(crate) type Lineage =
+    Arc<std::collections::BTreeMap<Arc<str>, Arc<std::collections::BTreeSet<usize>>>>;
+
+/// How many earlier versions a lineage remembers.
+const LINEAGE_KEPT: usize = 8;
+
+impl StoredIndex {
+    /// The lineage of a version written over `old` keeping the chunks at `kept`.
+    pub fn lineage_after(old: &StoredIndex, kept: &std::collections::BTreeSet<usize>) -> Lineage {
+        let mut lineage: std::collections::BTreeMap<_, _> = old
+            .kept
+            .iter()
+            .map(|(tag, was)| {
+                (
+                    tag.clone(),
+                    Arc::new(was.intersection(kept).copied().collect()),
+                )
+            })
+            .collect();
+        lineage.insert(old.version.clone(), Arc::new(kept.clone()));
+        // The oldest go first (tags carry no order: any few will do).
+        while lineage.len() > LINEAGE_KEPT {
+            let drop = lineage.keys().next().cloned();
+            if let Some(tag) = drop {
+                lineage.remove(&tag);
+            }
+        }
+        Arc::new(lineage)
+    }
 }
 
 impl StoredIndex {
@@ -119,8 +156,16 @@ impl StoredChunk {
     /// Whether `other` (another version of its shard) holds the same content of the chunk:
     /// the same stamp and size. A shard rewritten for other chunks keeps this one's stamp.
     pub fn same_content(&self, other: &StoredChunk) -> bool {
-        self.range.nbytes == other.range.nbytes
-            && self.stamp().is_some_and(|t| other.stamp() == Some(t))
+        let kept = || {
+            other
+                .shard
+                .kept
+                .get(&self.shard.version)
+                .is_some_and(|positions| positions.contains(&self.pos))
+        };
+        self.pos == other.pos
+            && self.range.nbytes == other.range.nbytes
+            && (kept() || self.stamp().is_some_and(|t| other.stamp() == Some(t)))
     }
 
     /// The whole chunk, in memory: refused (EFBIG) when its index says more than a file
@@ -193,6 +238,7 @@ pub(crate) fn open_shard(
             mtime: info.mtime,
             index,
             stamps: Arc::default(),
+            kept: Arc::default(),
         },
     }))
 }

@@ -525,7 +525,24 @@ impl ShardJob<'_> {
             .put_within(self.within, self.rel, encoded.buffers(), when)
             .map_err(store_err)?;
         debug!(shard = %self.rel.display(), bytes = encoded.len(), mode = ?self.mode, "shard written");
-        Ok(self.written(reg, encoded.len(), info, encoded.index().clone()))
+        let mut written = self.written(reg, encoded.len(), info, encoded.index().clone());
+        if let (Some(open), Some(new)) = (&current, written.stored.as_mut()) {
+            new.kept = StoredIndex::lineage_after(&open.stored, &self.kept_from(&open.stored));
+        }
+        Ok(written)
+    }
+
+    /// The positions of `old` whose chunks this write keeps as they are (`keep_stored`).
+    fn kept_from(&self, old: &StoredIndex) -> BTreeSet<usize> {
+        let Ok(index) = &old.index else {
+            return BTreeSet::new();
+        };
+        let replaced: BTreeSet<usize> = self.chosen.iter().map(|c| c.0).collect();
+        index
+            .present()
+            .map(|(p, _)| p)
+            .filter(|p| !replaced.contains(p) && !self.deleted.contains(p))
+            .collect()
     }
 
     /// Counts a shard written (`bytes` of it by this write) and describes the new version.
@@ -548,6 +565,7 @@ impl ShardJob<'_> {
                 mtime: info.mtime,
                 index: Ok(Arc::new(index)),
                 stamps: Arc::default(),
+                kept: Arc::default(),
             }),
             from_body: false,
             // A PUT is durable once answered; a file wants a sync (`make_durable`).
