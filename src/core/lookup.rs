@@ -674,7 +674,14 @@ impl ShardFs {
                     self.inodes.changed_here(ino);
                 }
                 self.open_chunk(array, coords, truncate, &mut handle)?;
-                (self.keep_chunk_pages(ino, &handle), false)
+                // On an object store, where another node may replace a chunk at any time,
+                // no page cache at all: the kernel keeps one per inode, shared by every open
+                // of it, so a new open that read the new version would serve it to an older
+                // open that pinned the old one. Each read comes here and reads its open's
+                // version.
+                let keep = self.keep_chunk_pages(ino, &handle);
+                let direct = self.published.is_some();
+                (keep && !direct, direct)
             }
             NodeKind::Dir | NodeKind::ArrayDir(_) | NodeKind::ChunkDir { .. } => {
                 return Err(FsError::IsDir);
