@@ -75,6 +75,7 @@ every_store!(
     keys_the_mount_cannot_name_are_skipped_and_the_rest_shown,
     a_removal_never_takes_a_version_written_after_it_looked,
     a_time_from_the_future_never_freezes_a_chunk,
+    another_nodes_new_document_is_seen_within_seconds,
 );
 
 fn both_clients_write_one_put_per_shard(kind: Kind) {
@@ -795,13 +796,13 @@ fn a_bucket_gone_is_an_error_never_absent(kind: Kind) {
     // Published again once: another node removing the array after is a removal, not a
     // loss (the array is not brought back); the chunk written into it here then waits,
     // named, until given up.
+    std::fs::write(m.path("x/c/3"), [3; 16]).unwrap();
     let (other, _co) = mount(&server, "lost", &[]);
     std::fs::remove_dir_all(other.path("x")).unwrap();
     assert_ok(&other.unmount(&[]), "unmount the other node");
     drop(other);
     // (Past the second for which a document once looked at is believed.)
     std::thread::sleep(Duration::from_millis(1200));
-    std::fs::write(m.path("x/c/3"), [3; 16]).unwrap();
     let refused = m.unmount(&[]);
     let text = common::stdout(&refused) + &stderr(&refused);
     assert!(!refused.status.success(), "{text}");
@@ -1040,4 +1041,41 @@ fn crc32c_of(bytes: &[u8]) -> u32 {
         }
     }
     !crc
+}
+
+/// A mount took its tree from the store once, at mounting: another node's later
+/// `zarr.json` (here an array made again as uint8 where it was uint16, its chunks the same
+/// size) was never seen, and its new chunks were decoded with the old data type (1799 for
+/// 7). Documents the mount knows are compared with the store's at most once a second.
+fn another_nodes_new_document_is_seen_within_seconds(kind: Kind) {
+    let server = StoreServer::start(kind);
+    let doc = |dtype: &str, chunk: u32| {
+        common::LINE_ARRAY
+            .replace("uint8", dtype)
+            .replace("[128]", &format!("[{}]", 4 * chunk))
+            .replace("[16]", &format!("[{chunk}]"))
+    };
+    let (a, _ca) = mount(&server, "seen", &["--chunks-per-shard", "4"]);
+    std::fs::create_dir_all(a.path("x/c")).unwrap();
+    std::fs::write(a.path("x/zarr.json"), doc("uint16", 16)).unwrap();
+    for k in 0..4 {
+        std::fs::write(a.path(&format!("x/c/{k}")), [7; 32]).unwrap();
+    }
+    flush(&a);
+    let (b, _cb) = mount(&server, "seen", &[]);
+    std::fs::remove_dir_all(b.path("x")).unwrap();
+    std::fs::create_dir_all(b.path("x/c")).unwrap();
+    std::fs::write(b.path("x/zarr.json"), doc("uint8", 32)).unwrap();
+    for k in 0..4 {
+        std::fs::write(b.path(&format!("x/c/{k}")), [7; 32]).unwrap();
+    }
+    assert_ok(&b.unmount(&[]), "unmount B");
+    drop(b);
+    std::thread::sleep(Duration::from_millis(2500));
+    let check = "import sys, zarr\n\
+                 a = zarr.open_array(sys.argv[1], mode='r')\n\
+                 assert str(a.dtype) == 'uint8', a.dtype\n\
+                 assert (a[...] == 7).all(), set(a[...].tolist())";
+    common::mount::python_ok("A reads B's array", check, &[&a.path("x")]);
+    assert_ok(&a.unmount(&[]), "unmount A");
 }

@@ -121,12 +121,10 @@ impl ShardFs {
             info.kind = kind;
         }
         let refreshed = match &info.kind {
-            NodeKind::Dir | NodeKind::ArrayDir(_) => {
-                match self.classifier.classify(&self.backing, &info.rel)? {
-                    DirClass::ShardedArray(a) => Some(NodeKind::ArrayDir(a)),
-                    _ => Some(NodeKind::Dir),
-                }
-            }
+            NodeKind::Dir | NodeKind::ArrayDir(_) => match self.classify(&info.rel)? {
+                DirClass::ShardedArray(a) => Some(NodeKind::ArrayDir(a)),
+                _ => Some(NodeKind::Dir),
+            },
             NodeKind::ArrayMeta(a) => self.current(a)?.map(NodeKind::ArrayMeta),
             NodeKind::ChunkDir { array, node } => {
                 self.current(array)?.map(|array| NodeKind::ChunkDir {
@@ -153,7 +151,7 @@ impl ShardFs {
 
     /// The array's current state when its `zarr.json` was rewritten, `None` when unchanged.
     fn current(&self, array: &Arc<ArrayState>) -> Result<Option<Arc<ArrayState>>, FsError> {
-        match self.classifier.classify(&self.backing, &array.rel)? {
+        match self.classify(&array.rel)? {
             DirClass::ShardedArray(now) if Arc::ptr_eq(&now, array) => Ok(None),
             DirClass::ShardedArray(now) => Ok(Some(now)),
             _ => Err(FsError::NotFound),
@@ -268,14 +266,14 @@ impl ShardFs {
         let meta = self.backing.stat(rel)?.ok_or(FsError::NotFound)?;
         let ft = meta.file_type();
         Ok(if ft.is_dir() {
-            match classify.then(|| self.classifier.classify(&self.backing, rel)) {
+            match classify.then(|| self.classify(rel)) {
                 Some(Ok(DirClass::ShardedArray(a))) => NodeKind::ArrayDir(a),
                 Some(Err(e)) => return Err(e),
                 _ => NodeKind::Dir,
             }
         } else if ft.is_file() {
             if classify && name == METADATA_FILE {
-                match self.classifier.classify(&self.backing, parent_rel)? {
+                match self.classify(parent_rel)? {
                     DirClass::ShardedArray(a) => NodeKind::ArrayMeta(a),
                     DirClass::Group(Some(g)) => NodeKind::GroupMeta(g),
                     _ => NodeKind::File,

@@ -254,12 +254,21 @@ impl ShardFs {
         &self.backing
     }
 
+    /// What directory `rel` is now. On an object store its document is first compared with
+    /// the store's (at most once a second): another node may have changed or removed it.
+    pub(crate) fn classify(&self, rel: &std::path::Path) -> Result<DirClass, FsError> {
+        if let Some(published) = &self.published {
+            published.revalidate(&self.backing, &rel.join(crate::zarr::METADATA_FILE));
+        }
+        self.classifier.classify(&self.backing, rel)
+    }
+
     /// The sharded array whose directory is `rel`, if it is one now.
     pub(crate) fn array_at(
         &self,
         rel: &std::path::Path,
     ) -> Result<Option<Arc<ArrayState>>, FsError> {
-        Ok(match self.classifier.classify(&self.backing, rel)? {
+        Ok(match self.classify(rel)? {
             DirClass::ShardedArray(a) => Some(a),
             _ => None,
         })

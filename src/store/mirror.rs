@@ -51,7 +51,12 @@ pub struct Mirrored {
 pub struct Published {
     store: Arc<dyn Store>,
     tags: Mutex<HashMap<PathBuf, String>>,
+    /// When each object's version was last compared with the store's (`revalidate`).
+    checked: Mutex<HashMap<PathBuf, std::time::Instant>>,
 }
+
+/// How long an object of the tree, once compared with the store, is believed.
+const CHECKED_FOR: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The error of a write that lost to another node's.
 fn stale(store: &dyn Store, rel: &Path) -> StoreError {
@@ -69,6 +74,35 @@ impl Published {
         Published {
             store,
             tags: Mutex::new(tags),
+            checked: Mutex::default(),
+        }
+    }
+
+    /// Takes the store's version of `rel` into `local` when another node changed or
+    /// removed it since this mount last saw it: a look (a HEAD) at most once a second, and
+    /// only at objects this mount knows (a document of its tree).
+    pub fn revalidate(&self, local: &Backing, rel: &Path) {
+        let Some(known) = lock(&self.tags).get(rel).cloned() else {
+            return;
+        };
+        {
+            let mut checked = lock(&self.checked);
+            if checked
+                .get(rel)
+                .is_some_and(|at| at.elapsed() < CHECKED_FOR)
+            {
+                return;
+            }
+            checked.insert(rel.to_path_buf(), std::time::Instant::now());
+        }
+        match self.store.open(rel, 0) {
+            Ok(Some(now)) if now.info().tag == known => {}
+            // (A store that cannot be reached answers nothing: the tree stays as seen.)
+            Err(_) => {}
+            Ok(_) => {
+                info!(object = %self.store.describe(rel), "changed by another node: taken");
+                self.refresh(local, rel);
+            }
         }
     }
 
