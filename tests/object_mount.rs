@@ -76,6 +76,9 @@ every_store!(
     a_removal_never_takes_a_version_written_after_it_looked,
     a_time_from_the_future_never_freezes_a_chunk,
     another_nodes_new_document_is_seen_within_seconds,
+    a_journaled_chunk_never_lands_in_an_array_made_again_otherwise,
+    a_refused_document_is_not_taken_when_sent_again,
+    a_look_while_the_bucket_is_gone_keeps_the_tree,
 );
 
 fn both_clients_write_one_put_per_shard(kind: Kind) {
@@ -456,6 +459,31 @@ fn flush(m: &Mounted) {
     );
 }
 
+/// Runs Python `code` with `args`: it prints `ready` once prepared, and goes on once
+/// `between` has run; it must succeed.
+fn python_between(code: &str, args: &[&Path], between: impl FnOnce()) {
+    let mut child = Command::new(common::python())
+        .args(["-c", code])
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    between();
+    if line.trim() == "ready" {
+        let _ = std::io::Write::write_all(child.stdin.as_mut().unwrap(), b"go\n");
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_ok(&out, &format!("{args:?} (it said {line:?} before)"));
+}
+
 /// `shardfs unmount --give-up` of `m`: it unmounts, naming what it gave up.
 fn give_up(m: &Mounted) {
     let out = m.unmount(&["--give-up"]);
@@ -679,56 +707,47 @@ fn a_stale_zarr_json_never_overwrites_another_nodes_new_array(kind: Kind) {
     drop(a);
     // B, which still knows the old layout, writes a chunk of it.
     std::fs::write(b.path("x/c/1"), [2; 16]).unwrap();
-    // Each of B's changes below is made on a document another node replaced since B read
-    // it (a refusal makes B take the store's version: a change after that is B's own):
-    // by zarr-python (a temporary file renamed onto zarr.json; the kernel retries a rename
-    // that fails with ESTALE, so the refusal is EIO), written in place (Python reports
-    // what close() says: the document is published then; or EBUSY, B's chunk of the old
-    // layout waiting), and removed.
-    let doc = common::LINE_ARRAY.replace(r#""attributes":{}"#, r#""attributes":{"b":1}"#);
+    // Each of B's changes below is made on a document another node replaced after B read
+    // it (opened: the mount looks at the store then): by zarr-python (a temporary file
+    // renamed onto zarr.json; the kernel retries a rename that fails with ESTALE, so the
+    // refusal is EIO), written in place (Python reports what close() says: the document is
+    // published then), and removed. Each is refused, and the store keeps the other node's.
+    let doc = WIDE_ARRAY.replace(r#""attributes":{}"#, r#""attributes":{"b":1}"#);
     let code = format!(
         "import errno, os, sys, zarr\n\
-         def in_place():\n\
-         \x20   with open(sys.argv[1] + '/zarr.json', 'w') as f: f.write({doc:?})\n\
-         def attrs():\n\
-         \x20   zarr.open_array(sys.argv[1], mode='r+').attrs['b'] = 2\n\
-         what = sys.argv[2]\n\
+         p, what = sys.argv[1], sys.argv[2]\n\
+         if what == 'attribute':\n\
+         \x20   a = zarr.open_array(p, mode='r+')\n\
+         \x20   act = lambda: a.attrs.__setitem__('b', 2)\n\
+         elif what == 'document':\n\
+         \x20   f = open(p + '/zarr.json', 'w')\n\
+         \x20   def act():\n\
+         \x20       f.write({doc:?}); f.close()\n\
+         else:\n\
+         \x20   open(p + '/zarr.json').read()\n\
+         \x20   act = lambda: os.unlink(p + '/zarr.json')\n\
+         print('ready', flush=True); sys.stdin.readline()\n\
          try:\n\
-         \x20   {{'attribute': attrs, 'document': in_place,\n\
-         \x20    'removal': lambda: os.unlink(sys.argv[1] + '/zarr.json')}}[what]()\n\
+         \x20   act()\n\
          except OSError as e:\n\
-         \x20   assert e.errno in (errno.EIO, errno.EBUSY), (what, e)\n\
+         \x20   assert e.errno == errno.EIO, (what, e)\n\
          else:\n\
          \x20   sys.exit(f\"B's stale {{what}} was taken\")"
     );
     let b_x = b.path("x");
     for (i, what) in ["attribute", "document", "removal"].iter().enumerate() {
-        if i > 0 {
-            // Another node writes A's document again, as B took it.
+        python_between(&code, &[&b_x, Path::new(what)], || {
+            // Another node writes A's document again after B read it.
             let now = server.get("meta/x/zarr.json").unwrap();
             let mut again: serde_json::Value = serde_json::from_slice(&now).unwrap();
             again["attributes"]["round"] = serde_json::json!(i);
             server.put("meta/x/zarr.json", again.to_string().as_bytes());
-        }
-
-        // Refused, or (the document) held back: the store keeps the other node's version.
-        let out = run_timeout(
-            Command::new(common::python())
-                .args(["-c", &code])
-                .arg(&b_x)
-                .arg(what),
-            Duration::from_secs(60),
-        );
-        if i == 0 {
-            assert_ok(&out, what);
-        }
+        });
         let kept: serde_json::Value =
             serde_json::from_slice(&server.get("meta/x/zarr.json").expect("the document")).unwrap();
         assert_eq!(kept["shape"], serde_json::json!([256]), "{what}: {kept}");
         assert_eq!(kept["attributes"].get("b"), None, "{what}: {kept}");
-        if i > 0 {
-            assert_eq!(kept["attributes"]["round"], i, "{what}: {kept}");
-        }
+        assert_eq!(kept["attributes"]["round"], i, "{what}: {kept}");
     }
 
     // B's chunk waits, never written as a shard of the old layout, and B's unmount says
@@ -1078,4 +1097,117 @@ fn another_nodes_new_document_is_seen_within_seconds(kind: Kind) {
                  assert (a[...] == 7).all(), set(a[...].tolist())";
     common::mount::python_ok("A reads B's array", check, &[&a.path("x")]);
     assert_ok(&a.unmount(&[]), "unmount A");
+}
+
+/// A killed node's fsynced chunk of a uint8 array, replayed after another node made the
+/// array again as uint16 on the same grid: the record is dropped, never a chunk the new
+/// array cannot read.
+fn a_journaled_chunk_never_lands_in_an_array_made_again_otherwise(kind: Kind) {
+    let server = StoreServer::start(kind);
+    let cache = tempfile::tempdir().unwrap();
+    let args = ["--chunks-per-shard", "8", "--idle-flush", "600"];
+    let a = mount_with_cache(&server, "remade", cache.path(), &args);
+    std::fs::create_dir_all(a.path("x/c")).unwrap();
+    std::fs::write(a.path("x/zarr.json"), common::LINE_ARRAY).unwrap();
+    write_fsynced(&a.path("x/c/1"), &[1; 16]);
+    a.kill_daemon();
+    drop(a);
+    let (b, _cb) = mount(&server, "remade", &args);
+    std::fs::write(
+        b.path("x/zarr.json"),
+        common::LINE_ARRAY.replace("uint8", "uint16"),
+    )
+    .ok();
+    std::fs::remove_dir_all(b.path("x")).unwrap();
+    std::fs::create_dir_all(b.path("x/c")).unwrap();
+    std::fs::write(
+        b.path("x/zarr.json"),
+        common::LINE_ARRAY.replace("uint8", "uint16"),
+    )
+    .unwrap();
+    std::fs::write(b.path("x/c/0"), [2; 32]).unwrap();
+    assert_ok(&b.unmount(&[]), "unmount B");
+    drop(b);
+    let again = mount_with_cache(&server, "remade", cache.path(), &args);
+    let log = again.log_text();
+    assert!(log.contains("reads chunks otherwise"), "{log}");
+    assert_ok(&again.unmount(&[]), "unmount A");
+    drop(again);
+    let (c, _cc) = mount(&server, "remade", &[]);
+    let check = "import sys, zarr\n\
+                 a = zarr.open_array(sys.argv[1], mode='r')[...]\n\
+                 assert a.dtype == 'uint16' and (a[:16] == 0x0202).all() and (a[16:] == 0).all(), a";
+    common::mount::python_ok("B's array reads", check, &[&c.path("x")]);
+    assert_ok(&c.unmount(&[]), "unmount");
+}
+
+/// After a refused `zarr.json` (another node's came first), sending the same content again
+/// (the temporary file renamed once more, as a retrying tool does) is refused too: it was
+/// made from the version another node replaced. Content made after is the writer's own
+/// (a document read again, through the kernel's cache or not, then written).
+fn a_refused_document_is_not_taken_when_sent_again(kind: Kind) {
+    let server = StoreServer::start(kind);
+    let (a, _ca) = mount(&server, "again", &[]);
+    std::fs::create_dir_all(a.path("x")).unwrap();
+    std::fs::write(a.path("x/zarr.json"), common::LINE_ARRAY).unwrap();
+    let theirs = common::LINE_ARRAY.replace(r#""attributes":{}"#, r#""attributes":{"by":"B"}"#);
+    server.put("again/x/zarr.json", theirs.as_bytes());
+    let mine = common::LINE_ARRAY.replace(r#""attributes":{}"#, r#""attributes":{"by":"A"}"#);
+    std::fs::write(a.path("x/tmp.json"), &mine).unwrap();
+    let first = std::fs::rename(a.path("x/tmp.json"), a.path("x/zarr.json"));
+    assert!(first.is_err(), "A's stale document taken");
+    std::thread::sleep(Duration::from_millis(200));
+    let again = std::fs::rename(a.path("x/tmp.json"), a.path("x/zarr.json"));
+    assert!(again.is_err(), "A's stale document taken when sent again");
+    let stored = String::from_utf8(server.get("again/x/zarr.json").unwrap()).unwrap();
+    assert!(stored.contains(r#""by":"B""#), "{stored}");
+    // Read again, then written: A's own change over B's.
+    let code = "import sys, zarr\n\
+                a = zarr.open_array(sys.argv[1], mode='r+')\n\
+                assert a.attrs['by'] == 'B', dict(a.attrs)\n\
+                a.attrs['also'] = 'A'";
+    common::mount::python_ok("A reads B's and adds", code, &[&a.path("x")]);
+    let stored: serde_json::Value =
+        serde_json::from_slice(&server.get("again/x/zarr.json").unwrap()).unwrap();
+    assert_eq!(stored["attributes"]["by"], "B", "{stored}");
+    assert_eq!(stored["attributes"]["also"], "A", "{stored}");
+    assert_ok(&a.unmount(&[]), "unmount");
+}
+
+/// A look at a document while the bucket is gone took the absence for another node's
+/// removal and dropped the mount's copy, which the store then never got back. While the
+/// store is known to have lost everything, nothing is taken from it; once it is back, the
+/// tree is published again.
+fn a_look_while_the_bucket_is_gone_keeps_the_tree(kind: Kind) {
+    let mut server = StoreServer::start(kind);
+    let args = ["--chunks-per-shard", "8", "--idle-flush", "600"];
+    let (m, _cache) = mount(&server, "keep", &args);
+    std::fs::write(
+        m.path("zarr.json"),
+        r#"{"zarr_format":3,"node_type":"group","attributes":{"kept":1}}"#,
+    )
+    .unwrap();
+    std::fs::create_dir_all(m.path("x/c")).unwrap();
+    std::fs::write(m.path("x/zarr.json"), common::LINE_ARRAY).unwrap();
+    std::fs::write(m.path("x/c/0"), [1; 16]).unwrap();
+    flush(&m);
+    std::fs::write(m.path("x/c/1"), [2; 16]).unwrap();
+    server.restart_empty();
+    std::thread::sleep(Duration::from_millis(1500));
+    // The mount finds the bucket gone (a chunk read); its documents are looked at while
+    // the store is gone and again once it is back, before anything is written.
+    let _ = std::fs::read(m.path("x/c/2"));
+    let _ = std::fs::read(m.path("zarr.json"));
+    server.make_bucket();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(std::fs::read(m.path("zarr.json")).is_ok());
+    assert!(std::fs::read(m.path("x/zarr.json")).is_ok());
+    assert_ok(&m.unmount(&[]), "unmount once the bucket is back");
+    drop(m);
+    let group =
+        String::from_utf8(server.get("keep/zarr.json").expect("the group's document")).unwrap();
+    assert!(group.contains(r#""kept":1"#), "{group}");
+    let (c, _cc) = mount(&server, "keep", &[]);
+    assert_eq!(std::fs::read(c.path("x/c/1")).unwrap(), vec![2; 16]);
+    assert_ok(&c.unmount(&[]), "unmount");
 }

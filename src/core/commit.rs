@@ -26,7 +26,12 @@ use crate::zarr::{
 
 impl ShardFs {
     /// Stores `bytes`, written as `dir/zarr.json`, in BACKING.
-    pub(crate) fn commit_metadata(&self, dir: &Path, bytes: &[u8]) -> Result<(), FsError> {
+    pub(crate) fn commit_metadata(
+        &self,
+        dir: &Path,
+        bytes: &[u8],
+        made: Option<u64>,
+    ) -> Result<(), FsError> {
         let doc = dir.join(METADATA_FILE);
         let shown = self.backing.path(&doc);
         let stored: Vec<u8> = match Node::parse(bytes) {
@@ -45,7 +50,7 @@ impl ShardFs {
                 self.settle_layout(dir, None)?;
                 bytes.to_vec()
             }
-            Ok(Node::Array(meta)) => match self.array_document(dir, bytes, meta)? {
+            Ok(Node::Array(meta)) => match self.array_document(dir, bytes, meta, made)? {
                 Some(stored) => stored,
                 None => return Ok(()),
             },
@@ -60,7 +65,13 @@ impl ShardFs {
         };
         // Whatever this document is, the array is no longer shown as its writer wrote it.
         self.classifier.show_as_written(dir, false);
-        self.write_whole(&doc, &[Bytes::from(stored)], true, self.held_maker(&doc))?;
+        self.write_whole(
+            &doc,
+            &[Bytes::from(stored)],
+            true,
+            self.held_maker(&doc),
+            made,
+        )?;
         // Names below may now be chunk keys (or no longer): the kernel's inodes for them
         // are decided again.
         self.inodes.bump_generation();
@@ -83,10 +94,11 @@ impl ShardFs {
         dir: &Path,
         bytes: &[u8],
         meta: ArrayMetadata,
+        made: Option<u64>,
     ) -> Result<Option<Vec<u8>>, FsError> {
         let doc = dir.join(METADATA_FILE);
         if meta.codecs.iter().any(|c| c.name == SHARDING_CODEC) {
-            return self.commit_as_written(dir, bytes).map(|()| None);
+            return self.commit_as_written(dir, bytes, made).map(|()| None);
         }
         let sharded = self.sharded_form(dir, &meta);
         if let Ok(new) = &sharded {
@@ -101,7 +113,7 @@ impl ShardFs {
                 self.classifier.show_as_written(dir, false);
                 let doc_bytes = Node::Array(sharded).to_json_bytes();
                 let owner = self.held_maker(&doc);
-                self.write_whole(&doc, &[Bytes::from(doc_bytes)], true, owner)?;
+                self.write_whole(&doc, &[Bytes::from(doc_bytes)], true, owner, made)?;
                 // Only now, the array stored (its shards durable before it), may the chunk
                 // files go: a crash before this finds them all again (`unstage`).
                 for rel in &staged {
@@ -363,11 +375,16 @@ impl ShardFs {
     /// array shown as written while this mount lives (its shard files are plain files to
     /// the mount, so the writer works as on a plain directory). A later mount shows it
     /// unsharded, like every sharded array.
-    fn commit_as_written(&self, dir: &Path, bytes: &[u8]) -> Result<(), FsError> {
+    fn commit_as_written(
+        &self,
+        dir: &Path,
+        bytes: &[u8],
+        made: Option<u64>,
+    ) -> Result<(), FsError> {
         self.settle_layout(dir, None)?;
         let doc = dir.join(METADATA_FILE);
         let owner = self.held_maker(&doc);
-        self.write_whole(&doc, &[Bytes::copy_from_slice(bytes)], true, owner)?;
+        self.write_whole(&doc, &[Bytes::copy_from_slice(bytes)], true, owner, made)?;
         self.classifier.show_as_written(dir, true);
         info!(array = %self.backing.path(dir).display(),
             "sharded metadata written through the mount: stored and shown as written \
@@ -384,8 +401,11 @@ impl ShardFs {
         let Some(old) = self.array_at(dir)? else {
             return Ok(());
         };
-        let new_layout = new.and_then(|m| ShardLayout::of(m).ok().flatten());
-        if new_layout.is_some_and(|l| l.same_placement(&old.layout)) {
+        // Chunks written under the old document are written before a document that would
+        // read them otherwise (another layout, data type or codecs) takes its place: on an
+        // object store, where nothing tells this mount's own change from another node's
+        // making the array again, they would wait for good.
+        if new.is_some_and(|m| crate::zarr::takes_chunks_of(m, &old.meta)) {
             return Ok(());
         }
         self.flush_array_at(dir).map_err(|e| {

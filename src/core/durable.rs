@@ -334,6 +334,13 @@ impl ShardFs {
         if !placed {
             return Ok(Verdict::Drop("its array now lays chunks out elsewhere"));
         }
+        // Nor, where the record cannot say which array it was (an object store's), into an
+        // array that would read it otherwise (made again by another node with another data
+        // type or codecs on the same grid).
+        let unnamed = r.instance.as_ref().is_none_or(|i| i.is_empty());
+        if unnamed && !crate::zarr::takes_chunks_of(&array.meta, &recorded) {
+            return Ok(Verdict::Drop("its array now reads chunks otherwise"));
+        }
         let now = self.shards.array_instance(&self.backing, &array.rel);
         if r.instance
             .as_ref()

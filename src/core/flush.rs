@@ -232,7 +232,8 @@ impl ShardFs {
         }
         self.still_where_made(file)?;
         let segments = file.snapshot().data.segments();
-        let written = match self.write_whole(rel, &segments, durable, file.maker()) {
+        let made = Some(file.with(|s| s.changed));
+        let written = match self.write_whole(rel, &segments, durable, file.maker(), made) {
             Err(e) if e.lost_to_another_node() => {
                 self.forsake_lost(rel, file);
                 return Err(e);
@@ -303,7 +304,11 @@ impl ShardFs {
         self.still_where_made(file)?;
         let data = file.snapshot().data;
         let dir = rel.parent().unwrap_or(Path::new("")).to_path_buf();
-        match self.commit_metadata(&dir, &data.read(0, data.len())) {
+        match self.commit_metadata(
+            &dir,
+            &data.read(0, data.len()),
+            Some(file.with(|s| s.changed)),
+        ) {
             // Truncated and never written (its writer still had it open): the document
             // stays as it was.
             Err(FsError::Refused(r)) if data.is_empty() => {

@@ -599,7 +599,10 @@ impl ShardFs {
     pub fn open(&self, ino: Ino, flags: i32, by: crate::backing::Asker) -> Result<Opened, FsError> {
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let _gate = writable.then(|| self.gate.shared());
-        let info = self.node(ino)?;
+        let mut info = self.node(ino)?;
+        if self.revalidated(&info) {
+            info = self.node(ino)?;
+        }
         let truncate = writable && flags & libc::O_TRUNC != 0;
         let mut handle = FileHandle::new(ino, writable);
         // Whether the kernel may keep pages between opens, and whether reads bypass it.
@@ -688,10 +691,14 @@ impl ShardFs {
                 return Err(FsError::Unsupported("opening a special file"));
             }
         };
+        // A document of an object store may be another node's new one at the next open:
+        // read past the kernel's cache (which a retry after a refused write would read).
+        let document =
+            self.published.is_some() && info.rel.file_name() == Some(OsStr::new(METADATA_FILE));
         Ok(Opened {
             fh: self.handles.insert(Handle::File(handle)),
-            keep_cache,
-            direct_io,
+            keep_cache: keep_cache && !document,
+            direct_io: direct_io || document,
         })
     }
 

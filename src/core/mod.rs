@@ -200,17 +200,19 @@ impl ShardFs {
 
     /// Writes a whole file to BACKING (atomically; `durable` syncs it and its name), in
     /// the store first when BACKING mirrors one: the store is the truth, and a failure
-    /// there fails the write. Returns the file written, open.
+    /// there fails the write (`made`: when the content was made, `Published::put`).
+    /// Returns the file written, open.
     pub(crate) fn write_whole(
         &self,
         rel: &std::path::Path,
         parts: &[bytes::Bytes],
         durable: bool,
         owner: Option<crate::backing::FileOwner>,
+        made: Option<u64>,
     ) -> Result<std::fs::File, FsError> {
         if let Some(published) = &self.published {
             published
-                .put(&self.backing, rel, parts)
+                .put(&self.backing, rel, parts, made)
                 .map_err(std::io::Error::from)?;
         }
         let (_, file) = self.backing.write_atomic(rel, parts, durable, owner)?;
@@ -254,13 +256,27 @@ impl ShardFs {
         &self.backing
     }
 
-    /// What directory `rel` is now. On an object store its document is first compared with
-    /// the store's (at most once a second): another node may have changed or removed it.
+    /// What directory `rel` is now.
     pub(crate) fn classify(&self, rel: &std::path::Path) -> Result<DirClass, FsError> {
-        if let Some(published) = &self.published {
-            published.revalidate(&self.backing, &rel.join(crate::zarr::METADATA_FILE));
-        }
         self.classifier.classify(&self.backing, rel)
+    }
+
+    /// On an object store, a `zarr.json` about to be opened is first compared with the
+    /// store's (at most once a second; `Published::revalidate`): another node may have
+    /// changed or removed it. Clients read an array's or group's document before its
+    /// chunks, so the open is where a new one must be seen; a walk of names costs nothing.
+    /// Returns whether the mount took another version.
+    pub(crate) fn revalidated(&self, info: &NodeInfo) -> bool {
+        match &self.published {
+            Some(published)
+                if !info.detached
+                    && info.rel.file_name()
+                        == Some(std::ffi::OsStr::new(crate::zarr::METADATA_FILE)) =>
+            {
+                published.revalidate(&self.backing, &info.rel)
+            }
+            _ => false,
+        }
     }
 
     /// The sharded array whose directory is `rel`, if it is one now.

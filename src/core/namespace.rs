@@ -436,7 +436,8 @@ impl ShardFs {
             }
             Place::Plain(rel) | Place::Extra(rel) => {
                 let segments = file.snapshot().data.segments();
-                let written = self.write_whole(rel, &segments, false, file.maker())?;
+                let made = Some(file.with(|s| s.changed));
+                let written = self.write_whole(rel, &segments, false, file.maker(), made)?;
                 if let Some(ino) = ino {
                     self.handles.went_to(ino, &written);
                 }
@@ -444,7 +445,11 @@ impl ShardFs {
             }
             Place::Meta(dir) => {
                 let data = file.snapshot().data;
-                self.commit_metadata(dir, &data.read(0, data.len()))?;
+                self.commit_metadata(
+                    dir,
+                    &data.read(0, data.len()),
+                    Some(file.with(|s| s.changed)),
+                )?;
                 // An older copy being written in place is replaced by this document.
                 let doc = dir.join(METADATA_FILE);
                 if let Some(old) = self.temps.file(&doc)

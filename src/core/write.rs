@@ -243,7 +243,7 @@ impl ShardFs {
                 let content = f.snapshot().data;
                 let bytes: Vec<u8> = content.read(0, content.len());
                 let dir = info.rel.parent().unwrap_or(Path::new("")).to_path_buf();
-                let committed = self.commit_metadata(&dir, &bytes);
+                let committed = self.commit_metadata(&dir, &bytes, Some(f.with(|s| s.changed)));
                 // Stored or refused, the document leaves memory (a refused one is the
                 // writer's to fix, told by the error of this close, as is one another node
                 // replaced since this mount read it); one that could not be written stays,
@@ -375,8 +375,14 @@ impl ShardFs {
                 "an fsync of an incomplete document; the document stays as it was",
             ));
         }
-        self.write_whole(rel, &[Bytes::from(bytes)], true, self.held_maker(rel))
-            .map(drop)
+        self.write_whole(
+            rel,
+            &[Bytes::from(bytes)],
+            true,
+            self.held_maker(rel),
+            Some(f.with(|s| s.changed)),
+        )
+        .map(drop)
     }
 
     /// fsync of a directory: every pending chunk below it is made durable, and so is every

@@ -53,7 +53,16 @@ pub struct Published {
     tags: Mutex<HashMap<PathBuf, String>>,
     /// When each object's version was last compared with the store's (`revalidate`).
     checked: Mutex<HashMap<PathBuf, std::time::Instant>>,
+    /// When a comparison last went unanswered.
+    unanswered: Mutex<Option<std::time::Instant>>,
+    /// When the mount took the store's version of an object in place of its own (ns since
+    /// the epoch): content made before that was made from what another node replaced, and
+    /// is never published over it (`put`).
+    taken_at: Mutex<HashMap<PathBuf, u64>>,
 }
+
+/// How long a store that left a comparison unanswered is not asked again.
+const UNANSWERED_FOR: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// How long an object of the tree, once compared with the store, is believed.
 const CHECKED_FOR: std::time::Duration = std::time::Duration::from_secs(1);
@@ -75,35 +84,47 @@ impl Published {
             store,
             tags: Mutex::new(tags),
             checked: Mutex::default(),
+            unanswered: Mutex::default(),
+            taken_at: Mutex::default(),
         }
     }
 
     /// Takes the store's version of `rel` into `local` when another node changed or
-    /// removed it since this mount last saw it: a look (a HEAD) at most once a second, and
-    /// only at objects this mount knows (a document of its tree).
-    pub fn revalidate(&self, local: &Backing, rel: &Path) {
+    /// removed it since this mount last saw it: a look (a HEAD) at most once a second, only
+    /// at objects this mount knows (a document of its tree). Returns whether it took one.
+    /// An absence counts only when the store is seen to be there now and not to have lost
+    /// everything (then the tree is published again instead); a store that does not answer
+    /// is not asked again for half a minute, the tree staying as seen.
+    pub fn revalidate(&self, local: &Backing, rel: &Path) -> bool {
         let Some(known) = lock(&self.tags).get(rel).cloned() else {
-            return;
+            return false;
         };
         {
             let mut checked = lock(&self.checked);
-            if checked
-                .get(rel)
-                .is_some_and(|at| at.elapsed() < CHECKED_FOR)
+            let quiet = lock(&self.unanswered).is_some_and(|at| at.elapsed() < UNANSWERED_FOR);
+            if quiet
+                || checked
+                    .get(rel)
+                    .is_some_and(|at| at.elapsed() < CHECKED_FOR)
             {
-                return;
+                return false;
             }
             checked.insert(rel.to_path_buf(), std::time::Instant::now());
         }
-        match self.store.open(rel, 0) {
-            Ok(Some(now)) if now.info().tag == known => {}
-            // (A store that cannot be reached answers nothing: the tree stays as seen.)
-            Err(_) => {}
-            Ok(_) => {
-                info!(object = %self.store.describe(rel), "changed by another node: taken");
-                self.refresh(local, rel);
+        let changed = match self.store.open(rel, 0) {
+            Ok(Some(now)) => now.info().tag != known,
+            Ok(None) => !self.store.lost() && self.store.confirm_there().is_ok(),
+            Err(e) => {
+                warn!(object = %self.store.describe(rel), "not compared with the store (asked again in {} s): {e}", UNANSWERED_FOR.as_secs());
+                *lock(&self.unanswered) = Some(std::time::Instant::now());
+                false
             }
+        };
+        if changed {
+            info!(object = %self.store.describe(rel), "changed by another node: taken");
+            self.refresh(local, rel);
         }
+        changed
     }
 
     fn known(&self, rel: &Path) -> Precondition {
@@ -115,8 +136,23 @@ impl Published {
 
     /// Writes `rel` on the condition that the store still has the version this mount
     /// knows (none: that it has none). A conflict takes the store's version into `local`
-    /// and fails.
-    pub fn put(&self, local: &Backing, rel: &Path, parts: &[Bytes]) -> Result<(), StoreError> {
+    /// and fails. `made`: when the content was made (ns since the epoch), if known: content
+    /// older than the mount's taking of another node's version (a temporary file written
+    /// before, renamed again after a refusal; a document written in place while another
+    /// look took the new version) is refused too.
+    pub fn put(
+        &self,
+        local: &Backing,
+        rel: &Path,
+        parts: &[Bytes],
+        made: Option<u64>,
+    ) -> Result<(), StoreError> {
+        let taken = lock(&self.taken_at).get(rel).copied();
+        if let (Some(made), Some(taken)) = (made, taken)
+            && made < taken
+        {
+            return Err(stale(&*self.store, rel));
+        }
         match self.store.put(rel, parts, self.known(rel)) {
             Ok(info) => {
                 lock(&self.tags).insert(rel.to_path_buf(), info.tag);
@@ -177,6 +213,10 @@ impl Published {
 
     /// Takes the store's version of `rel` (or its absence) into `local` and its tag.
     fn refresh(&self, local: &Backing, rel: &Path) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        lock(&self.taken_at).insert(rel.to_path_buf(), now);
         let got = match self.store.get(rel, MAX_MIRRORED) {
             Ok(got) => got,
             Err(e) => {

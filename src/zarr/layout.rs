@@ -127,6 +127,28 @@ impl ShardLayout {
     }
 }
 
+/// Whether the array `now` reads the chunks written under `then` as they are: it places
+/// them where that one did (`same_placement`), with the same data type and codecs (in the
+/// stored, sharded form: its inner chunks' codecs and its index). A resize, attributes or
+/// another fill value change nothing for them.
+pub fn takes_chunks_of(now: &ArrayMetadata, then: &ArrayMetadata) -> bool {
+    let form = |c: &NamedConfig| {
+        let config = c.configuration.clone().unwrap_or_default();
+        (c.name.clone(), config, c.extra.clone())
+    };
+    let same_codecs = now.codecs.len() == then.codecs.len()
+        && now
+            .codecs
+            .iter()
+            .zip(&then.codecs)
+            .all(|(a, b)| form(a) == form(b));
+    let placed = match (ShardLayout::of(now), ShardLayout::of(then)) {
+        (Ok(Some(a)), Ok(Some(b))) => a.same_placement(&b),
+        _ => false,
+    };
+    now.data_type == then.data_type && same_codecs && placed
+}
+
 /// The `chunk_shape` of a regular chunk grid.
 pub fn regular_chunk_shape(meta: &ArrayMetadata) -> Result<Vec<u64>, LayoutError> {
     if meta.chunk_grid.name != "regular" {

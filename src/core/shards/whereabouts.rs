@@ -225,32 +225,13 @@ impl Documents {
     }
 }
 
-/// Whether the document `bytes` takes the chunks written under `array`'s as they are: it
-/// places them where that one did, with the same data type and codecs (the stored, sharded
-/// form: its inner chunks' codecs and its index). A resize, new attributes or another fill
-/// value change nothing for them.
+/// Whether the document `bytes` takes the chunks written under `array`'s as they are
+/// (`zarr::takes_chunks_of`).
 fn places_alike(bytes: &[u8], array: &ArrayState) -> bool {
     match Node::parse(bytes) {
-        Ok(Node::Array(meta)) => {
-            meta.data_type == array.meta.data_type
-                && same_codecs(&meta.codecs, &array.meta.codecs)
-                && matches!(
-                    crate::zarr::ShardLayout::of(&meta),
-                    Ok(Some(layout)) if layout.same_placement(&array.layout)
-                )
-        }
+        Ok(Node::Array(meta)) => crate::zarr::takes_chunks_of(&meta, &array.meta),
         _ => false,
     }
-}
-
-/// Whether two codec chains are the same, whatever form each codec is written in (a bare
-/// name, or an object without configuration).
-fn same_codecs(a: &[crate::zarr::NamedConfig], b: &[crate::zarr::NamedConfig]) -> bool {
-    let form = |c: &crate::zarr::NamedConfig| {
-        let config = c.configuration.clone().unwrap_or_default();
-        (c.name.clone(), config, c.extra.clone())
-    };
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| form(x) == form(y))
 }
 
 /// Publishes every document of this mount's tree again where the store has none (a store
