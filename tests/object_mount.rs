@@ -582,20 +582,22 @@ fn a_reader_is_never_stale_for_a_rewrite_of_other_chunks(kind: Kind) {
         subprocess.run([shardfs, 'flush', mnt], check=True)\n\
         whole = first + b''.join(os.pread(fd, MiB, o) for o in range(MiB, 4 * MiB, MiB))\n\
         assert whole == b'\\x11' * (4 * MiB), 'chunk 0 changed'";
-    common::mount::python_ok(
+    reads_on(
+        &server,
+        m,
         "chunk 0 read on while chunk 1 is written",
         code,
-        &[
-            &m.path("a"),
-            Path::new(env!("CARGO_BIN_EXE_shardfs")),
-            &m.mountpoint,
-        ],
+        "own/a/c/0",
     );
-    assert!(
-        server.puts("own/a/c/0") >= 2,
-        "{:?}",
-        server.proxy.requests()
-    );
+}
+
+/// Runs the reader `code` on `m`'s array `a` (with the shardfs binary and the mount point,
+/// for its flushes); the shard `shard` must have been written at least twice meanwhile.
+fn reads_on(server: &StoreServer, m: Mounted, what: &str, code: &str, shard: &str) {
+    let shardfs = Path::new(env!("CARGO_BIN_EXE_shardfs"));
+    common::mount::python_ok(what, code, &[&m.path("a"), shardfs, &m.mountpoint]);
+    let requests = server.proxy.requests();
+    assert!(server.puts(shard) >= 2, "{requests:?}");
     assert_ok(&m.unmount(&[]), "unmount");
 }
 
@@ -627,21 +629,8 @@ fn a_reader_is_never_stale_for_rewrites_of_a_native_shard(kind: Kind) {
         \x20   got += os.pread(fd, MiB, at)\n\
         got += os.pread(fd, MiB, 3 * MiB)\n\
         assert got == b'\\x11' * (4 * MiB), 'chunk 0 changed'";
-    common::mount::python_ok(
-        "chunk 0 read on while chunk 1 is written twice",
-        code,
-        &[
-            &m.path("a"),
-            Path::new(env!("CARGO_BIN_EXE_shardfs")),
-            &m.mountpoint,
-        ],
-    );
-    assert!(
-        server.puts("nat/a/c/0") >= 2,
-        "{:?}",
-        server.proxy.requests()
-    );
-    assert_ok(&m.unmount(&[]), "unmount");
+    let what = "chunk 0 read on while chunk 1 is written twice";
+    reads_on(&server, m, what, code, "nat/a/c/0");
 }
 
 /// Issue 19, defect 2: A fsyncs chunk 0 (journal only) and is killed; B writes chunk 0

@@ -610,21 +610,7 @@ impl ShardFs {
             NodeKind::File
                 if writable && info.rel.file_name() == Some(OsStr::new(METADATA_FILE)) =>
             {
-                // A zarr.json written in place: held in memory, committed at FLUSH, as
-                // the file it was (its owner and mode, taken now: by the time it is
-                // written out another file may be at the name).
-                let (bytes, meta) = self
-                    .backing
-                    .read_as(&info.rel, super::memfile::MAX_METADATA_BYTES, by)?
-                    .ok_or(FsError::NotFound)?;
-                crate::backing::may_open(&meta, by, false, true)?;
-                let content = match truncate {
-                    true => FileData::default(),
-                    false => FileData::from_bytes(Bytes::from(bytes)),
-                };
-                let file = self.start_temp(&info, content);
-                file.set_owner(crate::backing::FileOwner::of(&meta));
-                handle.mark_dirty(&file);
+                self.open_plain_document(&info, truncate, &mut handle, by)?;
                 (false, false)
             }
             NodeKind::File => (
@@ -675,14 +661,7 @@ impl ShardFs {
                     self.inodes.changed_here(ino);
                 }
                 self.open_chunk(array, coords, truncate, &mut handle)?;
-                // On an object store, where another node may replace a chunk at any time,
-                // no page cache at all: the kernel keeps one per inode, shared by every open
-                // of it, so a new open that read the new version would serve it to an older
-                // open that pinned the old one. Each read comes here and reads its open's
-                // version.
-                let keep = self.keep_chunk_pages(ino, &handle);
-                let direct = self.published.is_some();
-                (keep && !direct, direct)
+                self.chunk_caching(ino, &handle)
             }
             NodeKind::Dir | NodeKind::ArrayDir(_) | NodeKind::ChunkDir { .. } => {
                 return Err(FsError::IsDir);
@@ -700,6 +679,42 @@ impl ShardFs {
             keep_cache: keep_cache && !document,
             direct_io: direct_io || document,
         })
+    }
+
+    /// A plain directory's `zarr.json` opened to be written in place: held in memory,
+    /// committed at FLUSH, as the file it was (its owner and mode, taken now: by the time
+    /// it is written out another file may be at the name).
+    fn open_plain_document(
+        &self,
+        info: &NodeInfo,
+        truncate: bool,
+        handle: &mut FileHandle,
+        by: crate::backing::Asker,
+    ) -> Result<(), FsError> {
+        let (bytes, meta) = self
+            .backing
+            .read_as(&info.rel, super::memfile::MAX_METADATA_BYTES, by)?
+            .ok_or(FsError::NotFound)?;
+        crate::backing::may_open(&meta, by, false, true)?;
+        let content = match truncate {
+            true => FileData::default(),
+            false => FileData::from_bytes(Bytes::from(bytes)),
+        };
+        let file = self.start_temp(info, content);
+        file.set_owner(crate::backing::FileOwner::of(&meta));
+        handle.mark_dirty(&file);
+        Ok(())
+    }
+
+    /// Whether the kernel may keep a chunk's pages at this open, and whether it reads past
+    /// them. On an object store, where another node may replace a chunk at any time, no
+    /// page cache at all: the kernel keeps one per inode, shared by every open of it, so a
+    /// new open that read the new version would serve it to an older open that pinned the
+    /// old one. Each read comes here and reads its open's version.
+    fn chunk_caching(&self, ino: Ino, handle: &FileHandle) -> (bool, bool) {
+        let keep = self.keep_chunk_pages(ino, handle);
+        let direct = self.published.is_some();
+        (keep && !direct, direct)
     }
 
     /// Whether the kernel may keep the pages it has of chunk `ino` at this open: only while
