@@ -76,3 +76,52 @@ fn a_multipart_threshold_outside_its_bounds_is_refused() {
         assert!(err.contains("outside 16M..5G"), "{size}: {err}");
     }
 }
+
+/// Runs shardfs with `args`, its output a pipe closed before it writes (as `head` closes
+/// it): the command must end quietly, as Unix tools do (killed by SIGPIPE, or done), never
+/// with a panic or an error message. Issue 20: `stats | head`, `inspect`, `completions`
+/// panicked ("failed printing to stdout: Broken pipe"); `man` said "Broken pipe" and
+/// exited 1.
+fn into_a_closed_pipe(args: &[&str]) {
+    use std::os::unix::process::ExitStatusExt;
+    let mut child = std::process::Command::new(common::shardfs_bin())
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.is_empty(), "{args:?} said: {err}");
+    let quiet = out.status.success() || out.status.signal() == Some(libc::SIGPIPE);
+    assert!(quiet, "{args:?} ended with {:?}", out.status);
+}
+
+#[test]
+fn no_command_complains_of_a_closed_pipe() {
+    for args in [
+        vec!["man"],
+        vec!["completions", "bash"],
+        vec!["--help"],
+        vec!["mount", "--help"],
+    ] {
+        into_a_closed_pipe(&args);
+    }
+    let (_d, backing, _) = common::mount::dirs();
+    let m = common::mount::Mounted::new(&backing, &[], std::time::Duration::from_secs(120));
+    std::fs::create_dir_all(m.path("x/c")).unwrap();
+    std::fs::write(m.path("x/zarr.json"), common::LINE_ARRAY).unwrap();
+    for k in 0..8u8 {
+        std::fs::write(m.path(&format!("x/c/{k}")), [k; 16]).unwrap();
+    }
+    let mountpoint = m.mountpoint.to_str().unwrap();
+    into_a_closed_pipe(&["stats", mountpoint]);
+    into_a_closed_pipe(&["stats", mountpoint, "--json"]);
+    into_a_closed_pipe(&["flush", mountpoint]);
+    common::assert_ok(&m.unmount(&[]), "unmount");
+    let array = backing.join("x");
+    into_a_closed_pipe(&["inspect", array.to_str().unwrap()]);
+    into_a_closed_pipe(&["inspect", array.to_str().unwrap(), "--json"]);
+    into_a_closed_pipe(&["verify", array.to_str().unwrap()]);
+}

@@ -356,6 +356,9 @@ pub fn main() -> ExitCode {
         Err(code) => return code,
     };
     let cli = Cli::parse_from(argv.clone());
+    if !matches!(cli.command, Command::Mount(_)) {
+        quiet_on_closed_pipe();
+    }
     let result = match cli.command {
         Command::Inspect { path, json } => inspect::run(&path, json),
         Command::Verify { path } => verify::run(&path),
@@ -389,6 +392,17 @@ pub fn main() -> ExitCode {
             eprintln!("shardfs: {e}");
             ExitCode::from(2)
         }
+    }
+}
+
+/// A command's output piped into `head`, `grep -q` or a pager that quits ends the command
+/// as it ends every Unix tool: killed by SIGPIPE, quietly (Rust ignores the signal, so a
+/// write would fail with EPIPE and `println!` panic). Not for the daemon, whose log may be
+/// a pipe nobody reads.
+fn quiet_on_closed_pipe() {
+    // SAFETY: restoring a signal's default disposition has no preconditions.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 
