@@ -34,6 +34,34 @@ fi
 export SHARDFS_PYTHON="$venv/bin/python"
 "$SHARDFS_PYTHON" -c 'import zarr, tensorstore, numpy' # fail here, not in the tests
 
+# An ordinary user, to run mounts as most users do: through fusermount3 (Debian's fuse3),
+# with /dev/fuse usable by everyone (mode 0666, as distributions ship it), and a Python
+# venv of its own outside the checkout (which may lie where it cannot read), made from
+# the system's Python (the one above lives under /root).
+if ! command -v fusermount3 >/dev/null; then
+    echo "== installing fuse3"
+    (apt-get install -y -q fuse3 >/dev/null 2>&1 ||
+        (apt-get update -q >/dev/null && apt-get install -y -q fuse3 >/dev/null))
+fi
+chmod 0666 /dev/fuse
+user=shardfs-user
+id -u "$user" >/dev/null 2>&1 || useradd --create-home --shell /bin/sh "$user"
+user_venv=/opt/shardfs-test/venv-user
+if ! cmp -s scripts/requirements-user.txt "$user_venv/.shardfs-requirements" 2>/dev/null; then
+    echo "== creating the ordinary user's venv at $user_venv"
+    if ! /usr/bin/python3 -m venv --help >/dev/null 2>&1 || ! /usr/bin/python3 -c 'import ensurepip' 2>/dev/null; then
+        (apt-get install -y -q python3-venv >/dev/null 2>&1 ||
+            (apt-get update -q >/dev/null && apt-get install -y -q python3-venv >/dev/null))
+    fi
+    rm -rf "$user_venv"
+    mkdir -p "$(dirname "$user_venv")"
+    /usr/bin/python3 -m venv "$user_venv"
+    "$user_venv/bin/pip" install --quiet --disable-pip-version-check -r scripts/requirements-user.txt
+    cp scripts/requirements-user.txt "$user_venv/.shardfs-requirements"
+    chmod -R a+rX "$(dirname "$user_venv")"
+fi
+export SHARDFS_USER="$user" SHARDFS_USER_PYTHON="$user_venv/bin/python"
+
 # Azurite (npm), the local Azure Blob Storage server the object-store tests start on
 # 127.0.0.1, installed beside the project (Node.js is needed; a fresh machine may lack it).
 azurite_version=3.35.0

@@ -241,13 +241,51 @@ fn block_signals() -> libc::sigset_t {
 }
 
 fn detach(mountpoint: &Path) -> io::Result<()> {
+    umount(mountpoint, true)
+}
+
+/// Unmounts `mountpoint` (`lazy`: detached at once, gone when the last file closes):
+/// `umount2` as root; as another user through `fusermount3` (set-user-ID root, it
+/// unmounts a user's own FUSE mounts only), as the FUSE tools do.
+fn umount(mountpoint: &Path, lazy: bool) -> io::Result<()> {
     let c = CString::new(mountpoint.as_os_str().as_bytes())
         .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let flags = libc::UMOUNT_NOFOLLOW | if lazy { libc::MNT_DETACH } else { 0 };
     // SAFETY: `c` is a valid C string.
-    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
-        return Err(io::Error::last_os_error());
+    if unsafe { libc::umount2(c.as_ptr(), flags) } == 0 {
+        return Ok(());
     }
-    Ok(())
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() != Some(libc::EPERM) || crate::runtime::is_root() {
+        return Err(e);
+    }
+    fusermount_unmount(mountpoint, lazy)
+}
+
+/// `fusermount3 -u` (or the older `fusermount`), `-z` when `lazy`; its refusal as an
+/// error (EBUSY when the mount is busy).
+fn fusermount_unmount(mountpoint: &Path, lazy: bool) -> io::Result<()> {
+    let program = crate::runtime::fusermount().ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            "only root may unmount without fusermount3, which is not installed (Debian and \
+             Ubuntu: apt install fuse3)",
+        )
+    })?;
+    let out = std::process::Command::new(&program)
+        .arg(if lazy { "-uz" } else { "-u" })
+        .arg("--")
+        .arg(mountpoint)
+        .stdin(std::process::Stdio::null())
+        .output()?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let said = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    if said.contains("busy") {
+        return Err(io::Error::from_raw_os_error(libc::EBUSY));
+    }
+    Err(io::Error::other(format!("{}: {said}", program.display())))
 }
 
 /// An object store that could not be opened or mirrored, named by its URL.
@@ -763,12 +801,7 @@ pub fn unmount(mountpoint: &Path, lazy: bool, give_up: bool) -> Result<(), Daemo
              changed): nothing unmounted"
         )));
     }
-    let c = CString::new(mountpoint.as_os_str().as_bytes())
-        .map_err(|_| DaemonError::NotShardfs(shown.clone()))?;
-    let flags = libc::UMOUNT_NOFOLLOW | if lazy { libc::MNT_DETACH } else { 0 };
-    // SAFETY: `c` is a valid C string.
-    if unsafe { libc::umount2(c.as_ptr(), flags) } != 0 {
-        let e = io::Error::last_os_error();
+    if let Err(e) = umount(mountpoint, lazy) {
         if e.raw_os_error() == Some(libc::EBUSY) {
             return Err(DaemonError::Busy(shown));
         }

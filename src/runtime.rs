@@ -17,6 +17,35 @@ fn euid() -> u32 {
     unsafe { libc::geteuid() }
 }
 
+/// Whether this process runs as root.
+pub fn is_root() -> bool {
+    euid() == 0
+}
+
+/// The FUSE tools' set-user-ID helper through which a user other than root mounts and
+/// unmounts: `fusermount3`, or the older `fusermount`, found on `PATH`.
+pub fn fusermount() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    ["fusermount3", "fusermount"].iter().find_map(|name| {
+        std::env::split_paths(&path)
+            .map(|dir| dir.join(name))
+            .find(|p| p.is_file())
+    })
+}
+
+/// Where a user keeps caches: `$XDG_CACHE_HOME`, else `~/.cache`; root's in `/var/cache`.
+pub fn cache_home() -> PathBuf {
+    if is_root() {
+        return PathBuf::from("/var/cache");
+    }
+    match std::env::var_os("XDG_CACHE_HOME") {
+        Some(x) if !x.is_empty() => PathBuf::from(x),
+        _ => std::env::var_os("HOME")
+            .map(|h| PathBuf::from(h).join(".cache"))
+            .unwrap_or_else(|| std::env::temp_dir().join(format!("shardfs-cache-{}", euid()))),
+    }
+}
+
 /// The private directory's path (not made yet: `ensure_private`).
 pub fn dir() -> PathBuf {
     if let Some(d) = std::env::var_os("SHARDFS_RUNTIME_DIR") {

@@ -110,7 +110,8 @@ struct MountArgs {
     backing: PathBuf,
     /// For an object store: the local directory holding the tree's directories and
     /// metadata documents (mirrored at every mount) and the fsync journal, replayed by the
-    /// next mount on this node [default: /var/cache/shardfs/<the URL, made a name>].
+    /// next mount on this node [default: /var/cache/shardfs/<the URL, made a name> for
+    /// root, else $XDG_CACHE_HOME/shardfs/… or ~/.cache/shardfs/…].
     #[arg(long, visible_alias = "journal-dir")]
     cache_dir: Option<PathBuf>,
     /// For an object store: shards larger than this are written as multipart uploads
@@ -302,6 +303,10 @@ fn mount(args: MountArgs, argv: Vec<std::ffi::OsString>) -> ExitCode {
         eprintln!("shardfs: {} is not a directory", config.backing.display());
         return ExitCode::from(2);
     }
+    if let Err(why) = may_mount(&config) {
+        eprintln!("shardfs: {why}");
+        return ExitCode::from(2);
+    }
     if args.foreground {
         let _log = crate::logging::init();
         // SAFETY: the parent passed this descriptor for us alone.
@@ -335,6 +340,52 @@ fn write_config(args: &MountArgs) -> crate::core::WriteConfig {
 }
 
 /// The cache of an object store mounted without --cache-dir: one directory per URL.
+/// What keeps this user from mounting, said in one line with what to do, before anything
+/// is started: a user other than root mounts through fusermount3, needs `/dev/fuse`, may
+/// let others in only where /etc/fuse.conf allows it, and mounts on directories of their
+/// own (fusermount3 refuses the rest, less clearly, after the daemon has started).
+fn may_mount(config: &crate::daemon::MountConfig) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    if let Err(e) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+    {
+        return Err(format!(
+            "/dev/fuse: {e}: FUSE is not usable here (load the fuse module; a user needs \
+             the device readable and writable, mode 0666 as distributions ship it, or the \
+             group that owns it)"
+        ));
+    }
+    if crate::runtime::is_root() {
+        return Ok(());
+    }
+    if crate::runtime::fusermount().is_none() {
+        return Err(
+            "mounting as a user other than root needs fusermount3, which is not on PATH \
+             (Debian and Ubuntu: apt install fuse3; Fedora: dnf install fuse3)"
+                .into(),
+        );
+    }
+    let conf = std::fs::read_to_string("/etc/fuse.conf").unwrap_or_default();
+    if config.allow_other && !conf.lines().any(|l| l.trim() == "user_allow_other") {
+        return Err(
+            "--allow-other needs the line user_allow_other in /etc/fuse.conf (root may add \
+             it); without it, mount without --allow-other"
+                .into(),
+        );
+    }
+    let uid = rustix::process::geteuid().as_raw();
+    match std::fs::metadata(&config.mountpoint) {
+        Ok(m) if m.uid() != uid => Err(format!(
+            "{} belongs to another user (uid {}): mount on a directory of your own",
+            config.mountpoint.display(),
+            m.uid()
+        )),
+        _ => Ok(()),
+    }
+}
+
 fn default_cache_dir(url: &str) -> PathBuf {
     let name: String = url
         .chars()
@@ -346,7 +397,7 @@ fn default_cache_dir(url: &str) -> PathBuf {
             }
         })
         .collect();
-    Path::new("/var/cache/shardfs").join(name)
+    crate::runtime::cache_home().join("shardfs").join(name)
 }
 
 pub fn main() -> ExitCode {
