@@ -301,3 +301,58 @@ impl Drop for Unmounted {
         }
     }
 }
+
+/// `pip install shardfs` (the wheel `scripts/test.sh` builds with maturin) puts the binary
+/// on the user's PATH and a module over it: a mount as a context manager, `flush()`,
+/// `stats()`, an unmount at the end even when the block fails, a failed command raised
+/// with its message.
+#[test]
+fn pip_install_shardfs_gives_the_binary_and_a_python_module() {
+    let user = User::new();
+    let wheel = std::env::var("SHARDFS_WHEEL").expect("SHARDFS_WHEEL (scripts/test.sh builds it)");
+    let pip = user.python.with_file_name("pip");
+    let installed = run_timeout(
+        Command::new(&pip)
+            .args(["install", "--quiet", "--force-reinstall", "--no-deps"])
+            .arg(&wheel),
+        Duration::from_secs(180),
+    );
+    assert_ok(&installed, "pip install the wheel");
+    let backing = user.own_dir(&user.home.join("b"));
+    let mnt = user.own_dir(&user.home.join("m"));
+    let _guard = Unmounted(mnt.clone());
+    let code = "import sys, numpy as np, zarr, shardfs\n\
+        b, m = sys.argv[1], sys.argv[2]\n\
+        assert shardfs.__version__ == sys.argv[3], shardfs.__version__\n\
+        d = np.arange(32 * 32, dtype='uint8').reshape(32, 32)\n\
+        with shardfs.mount(b, m, chunks_per_shard=2) as mnt:\n\
+        \x20   a = zarr.create_array(mnt.path / 'img', shape=(32, 32), chunks=(8, 8), \
+        dtype='uint8', compressors=None, fill_value=0)\n\
+        \x20   a[:] = d\n\
+        \x20   assert mnt.flush().startswith('flushed'), 'flush'\n\
+        \x20   stats = mnt.stats()\n\
+        \x20   assert stats['pending_chunks'] == 0 and stats['shards_written'] >= 4, stats\n\
+        assert not mnt.mounted\n\
+        try:\n\
+        \x20   with shardfs.mount(b, m) as mnt:\n\
+        \x20       raise KeyError('in the block')\n\
+        except KeyError:\n\
+        \x20   assert not mnt.mounted, 'an error in the block still unmounts'\n\
+        try:\n\
+        \x20   shardfs.mount(b, m, allow_other=True)\n\
+        except shardfs.ShardfsError as e:\n\
+        \x20   assert e.returncode == 2 and 'user_allow_other' in e.message, e.message\n\
+        else:\n\
+        \x20   sys.exit('a refused mount raised nothing')";
+    let out = user.python(
+        code,
+        &[&backing, &mnt, Path::new(env!("CARGO_PKG_VERSION"))],
+    );
+    assert_ok(&out, "the module, as the user");
+    assert!(!is_mounted(&mnt));
+    let check = "import sys, numpy as np, zarr\n\
+                 a = zarr.open_array(sys.argv[1], mode='r')\n\
+                 assert a.shards == (16, 16), a.shards\n\
+                 assert (a[...] == np.arange(32 * 32, dtype='uint8').reshape(32, 32)).all()";
+    common::mount::python_ok("read natively", check, &[&backing.join("img")]);
+}

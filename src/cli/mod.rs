@@ -484,6 +484,17 @@ fn install_mount_helper(prefix: &Path) -> ExitCode {
             println!("installed {}", link.display());
             ExitCode::SUCCESS
         }
+        Err(e)
+            if !crate::runtime::is_root() && e.kind() == std::io::ErrorKind::PermissionDenied =>
+        {
+            eprintln!(
+                "shardfs: {}: {e}: mount(8) runs helpers from /sbin and /usr/sbin, which \
+                 root installs into (`sudo shardfs install-mount-helper`); a user mounts with \
+                 `shardfs mount` instead",
+                prefix.display()
+            );
+            ExitCode::from(1)
+        }
         Err(e) => {
             eprintln!("shardfs: {}: {e}", prefix.display());
             ExitCode::from(1)
