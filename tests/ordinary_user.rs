@@ -302,57 +302,128 @@ impl Drop for Unmounted {
     }
 }
 
-/// `pip install shardfs` (the wheel `scripts/test.sh` builds with maturin) puts the binary
-/// on the user's PATH and a module over it: a mount as a context manager, `flush()`,
-/// `stats()`, an unmount at the end even when the block fails, a failed command raised
-/// with its message.
+/// `pip install shardfs` (the wheel `scripts/test.sh` builds with maturin) into a fresh
+/// venv puts the binary on its PATH and a module over it; the README's example runs as
+/// written, as root and as the ordinary user: a mount as a context manager, `flush()`,
+/// `stats()`, an unmount at the end even when the block fails, a failed command raised with
+/// its message.
 #[test]
 fn pip_install_shardfs_gives_the_binary_and_a_python_module() {
     let user = User::new();
+    let venv = fresh_venv_with_the_wheel(&user);
+    let python = venv.join("bin/python");
+    let version = Path::new(env!("CARGO_PKG_VERSION"));
+    // As root, then as the user (each on directories of its own).
+    let root_dir = tempfile::tempdir().unwrap();
+    let (b, m) = (root_dir.path().join("b"), root_dir.path().join("m"));
+    std::fs::create_dir_all(&b).unwrap();
+    std::fs::create_dir_all(&m).unwrap();
+    let as_root = run_timeout(
+        Command::new(&python)
+            .args(["-c", EXAMPLE])
+            .args([&b, &m, version]),
+        Duration::from_secs(180),
+    );
+    assert_ok(&as_root, "the example, as root");
+    check_img(&b);
+    let backing = user.own_dir(&user.home.join("b"));
+    let mnt = user.own_dir(&user.home.join("m"));
+    let _guard = Unmounted(mnt.clone());
+    let out = user.run(
+        &python,
+        &[
+            "-c",
+            EXAMPLE,
+            backing.to_str().unwrap(),
+            mnt.to_str().unwrap(),
+            env!("CARGO_PKG_VERSION"),
+        ],
+        &[],
+    );
+    assert_ok(&out, "the example, as the user");
+    assert!(!is_mounted(&mnt));
+    check_img(&backing);
+}
+
+/// The README's example, then an error inside a block and a refused mount.
+const EXAMPLE: &str = "import sys, numpy as np, zarr, shardfs\n\
+    b, m = sys.argv[1], sys.argv[2]\n\
+    assert shardfs.__version__ == sys.argv[3], shardfs.__version__\n\
+    data = np.arange(512 * 512, dtype='uint16').reshape(512, 512)\n\
+    with shardfs.mount(b, m, chunks_per_shard=64) as m_:\n\
+    \x20   zarr.create_array(m_.path / 'img', shape=(512, 512), chunks=(64, 64), dtype='uint16')[:] = data\n\
+    \x20   assert m_.flush().startswith('flushed'), 'flush'\n\
+    \x20   stats = m_.stats()\n\
+    \x20   assert stats['pending_chunks'] == 0 and stats['shards_written'] >= 1, stats\n\
+    assert not m_.mounted\n\
+    try:\n\
+    \x20   with shardfs.mount(b, m) as m_:\n\
+    \x20       raise KeyError('in the block')\n\
+    except KeyError:\n\
+    \x20   assert not m_.mounted, 'an error in the block still unmounts'\n\
+    try:\n\
+    \x20   shardfs.mount(b, '/nonexistent/mountpoint')\n\
+    except shardfs.ShardfsError as e:\n\
+    \x20   assert e.returncode in (1, 2) and 'nonexistent' in e.message, e.message\n\
+    else:\n\
+    \x20   sys.exit('a refused mount raised nothing')";
+
+/// BACKING's `img`, as the example wrote it: sharded, read natively.
+fn check_img(backing: &Path) {
+    let check = "import sys, numpy as np, zarr\n\
+                 a = zarr.open_array(sys.argv[1], mode='r')\n\
+                 assert a.shards is not None and a.shards != a.chunks, a.shards\n\
+                 assert (a[...] == np.arange(512 * 512, dtype='uint16').reshape(512, 512)).all()";
+    common::mount::python_ok("read natively", check, &[&backing.join("img")]);
+}
+
+/// A new venv (from the system's Python, readable by the user) with the wheel installed
+/// and nothing else of its own: zarr and numpy come from the user's venv by a `.pth`.
+fn fresh_venv_with_the_wheel(user: &User) -> PathBuf {
     let wheel = std::env::var("SHARDFS_WHEEL").expect("SHARDFS_WHEEL (scripts/test.sh builds it)");
-    let pip = user.python.with_file_name("pip");
+    let venv = user.dir.path().join("venv");
+    assert_ok(
+        &run_timeout(
+            Command::new("/usr/bin/python3")
+                .args(["-m", "venv"])
+                .arg(&venv),
+            Duration::from_secs(120),
+        ),
+        "a fresh venv",
+    );
+    let site = |python: &Path| {
+        let out = Command::new(python)
+            .args([
+                "-c",
+                "import sysconfig; print(sysconfig.get_path('purelib'))",
+            ])
+            .output()
+            .unwrap();
+        PathBuf::from(stdout(&out).trim())
+    };
     let installed = run_timeout(
-        Command::new(&pip)
-            .args(["install", "--quiet", "--force-reinstall", "--no-deps"])
+        Command::new(venv.join("bin/pip"))
+            .args([
+                "install",
+                "--quiet",
+                "--no-deps",
+                "--disable-pip-version-check",
+            ])
             .arg(&wheel),
         Duration::from_secs(180),
     );
     assert_ok(&installed, "pip install the wheel");
-    let backing = user.own_dir(&user.home.join("b"));
-    let mnt = user.own_dir(&user.home.join("m"));
-    let _guard = Unmounted(mnt.clone());
-    let code = "import sys, numpy as np, zarr, shardfs\n\
-        b, m = sys.argv[1], sys.argv[2]\n\
-        assert shardfs.__version__ == sys.argv[3], shardfs.__version__\n\
-        d = np.arange(32 * 32, dtype='uint8').reshape(32, 32)\n\
-        with shardfs.mount(b, m, chunks_per_shard=2) as mnt:\n\
-        \x20   a = zarr.create_array(mnt.path / 'img', shape=(32, 32), chunks=(8, 8), \
-        dtype='uint8', compressors=None, fill_value=0)\n\
-        \x20   a[:] = d\n\
-        \x20   assert mnt.flush().startswith('flushed'), 'flush'\n\
-        \x20   stats = mnt.stats()\n\
-        \x20   assert stats['pending_chunks'] == 0 and stats['shards_written'] >= 4, stats\n\
-        assert not mnt.mounted\n\
-        try:\n\
-        \x20   with shardfs.mount(b, m) as mnt:\n\
-        \x20       raise KeyError('in the block')\n\
-        except KeyError:\n\
-        \x20   assert not mnt.mounted, 'an error in the block still unmounts'\n\
-        try:\n\
-        \x20   shardfs.mount(b, m, allow_other=True)\n\
-        except shardfs.ShardfsError as e:\n\
-        \x20   assert e.returncode == 2 and 'user_allow_other' in e.message, e.message\n\
-        else:\n\
-        \x20   sys.exit('a refused mount raised nothing')";
-    let out = user.python(
-        code,
-        &[&backing, &mnt, Path::new(env!("CARGO_PKG_VERSION"))],
-    );
-    assert_ok(&out, "the module, as the user");
-    assert!(!is_mounted(&mnt));
-    let check = "import sys, numpy as np, zarr\n\
-                 a = zarr.open_array(sys.argv[1], mode='r')\n\
-                 assert a.shards == (16, 16), a.shards\n\
-                 assert (a[...] == np.arange(32 * 32, dtype='uint8').reshape(32, 32)).all()";
-    common::mount::python_ok("read natively", check, &[&backing.join("img")]);
+    // (After the install: pip would take the user venv's packages for this one's.)
+    let deps = site(&user.python);
+    std::fs::write(
+        site(&venv.join("bin/python")).join("deps.pth"),
+        format!("{}\n", deps.display()),
+    )
+    .unwrap();
+    let _ = Command::new("chmod")
+        .arg("-R")
+        .arg("a+rX")
+        .arg(&venv)
+        .status();
+    venv
 }
