@@ -16,10 +16,10 @@ use fuser::{
 use tracing::debug;
 
 use crate::backing::AttrChange;
+use crate::core::errno::ToErrno;
 use crate::core::namespace::{Caller, RenameFlags as CoreRenameFlags};
 use crate::core::write::SetAttr;
 use crate::core::{Attr, FileType, FsError, Opened, ShardFs};
-use crate::errno::ToErrno;
 
 /// How long the kernel may trust names and attributes without asking again. BACKING may be
 /// changed by other processes; one second bounds how stale a view can be.

@@ -10,8 +10,8 @@ use std::path::Path;
 use common::run_fixtures;
 use serde_json::Value;
 use shardfs::backing::Backing;
+use shardfs::core::errno::ToErrno;
 use shardfs::core::{DaemonInfo, FileType, FsError, Ino, ROOT, ShardFs};
-use shardfs::errno::ToErrno;
 
 fn core_over(root: &Path) -> ShardFs {
     ShardFs::new(

@@ -3,7 +3,6 @@
 
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
 use std::time::SystemTime;
 
 use bytes::Bytes;
@@ -179,10 +178,4 @@ impl ArrayState {
         }
         Ok(ControlFlow::Continue(()))
     }
-}
-
-/// Locks a mutex; a panic in another holder leaves data that is still consistent for our
-/// uses (every critical section here replaces values whole), so poisoning is ignored.
-pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }

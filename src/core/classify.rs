@@ -8,10 +8,11 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use tracing::{info, warn};
 
-use super::array::{ArrayState, lock};
+use super::array::ArrayState;
 use super::error::FsError;
 use super::group::GroupView;
 use crate::backing::{Backing, FileVersion, mtime_of};
+use crate::sync::lock;
 use crate::zarr::{
     LayoutError, METADATA_FILE, Node, ShardLayout, translate_consolidated, unsharded_view,
 };

@@ -14,9 +14,10 @@ use super::ShardFs;
 use super::array::ArrayState;
 use super::error::FsError;
 use super::lookup::ArrayName;
-use super::memfile::{FileData, MAX_FILE_BYTES, MemFile};
+use super::memfile::{FileData, MemFile};
 use super::shards::WriteMode;
 use crate::backing::FileVersion;
+use crate::limits::MAX_FILE_BYTES;
 use crate::shard::IndexLocation;
 use crate::zarr::layout::{SHARDING_CODEC, fixed_chunk_bytes, regular_chunk_shape};
 use crate::zarr::{

@@ -9,11 +9,12 @@ use std::sync::Arc;
 use tracing::{error, info, warn};
 
 use super::ShardFs;
-use super::array::{ArrayState, lock};
+use super::array::ArrayState;
 use super::error::FsError;
 use super::shards::{HeldHere, PendingChunk, ShardState, WriteMode};
 use crate::journal::record::Was;
 use crate::journal::{Journal, Replayed};
+use crate::sync::lock;
 use crate::zarr::{KeyNode, Node, ShardLayout};
 
 impl ShardFs {

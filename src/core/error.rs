@@ -1,4 +1,4 @@
-//! Errors of the filesystem core. Each maps to one errno, in `crate::errno`.
+//! Errors of the filesystem core. Each maps to one errno, in `crate::core::errno`.
 
 use std::io;
 

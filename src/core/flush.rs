@@ -290,7 +290,7 @@ impl ShardFs {
                 self.backing.root().display()
             ));
         }
-        *super::array::lock(&self.shards.stats.not_written) = failed.clone();
+        *crate::sync::lock(&self.shards.stats.not_written) = failed.clone();
         failed
     }
 
@@ -353,7 +353,7 @@ impl ShardFs {
                 Some(format!("{shard}: {}", f.message))
             })
             .collect();
-        for f in super::array::lock(&self.shards.stats.not_written).iter() {
+        for f in crate::sync::lock(&self.shards.stats.not_written).iter() {
             if !report.failed.contains(f) {
                 report.failed.push(f.clone());
             }

@@ -8,11 +8,11 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
-use super::array::lock;
 use super::error::FsError;
 use super::inode::{FileType, Ino};
 use super::memfile::MemFile;
 use super::shards::StoredChunk;
+use crate::sync::lock;
 
 /// One entry of a directory listing.
 #[derive(Clone, Debug)]

@@ -8,9 +8,10 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::array::{ArrayState, lock};
+use super::array::ArrayState;
 use super::group::GroupView;
 use super::memfile::MemFile;
+use crate::sync::lock;
 use crate::zarr::KeyNode;
 
 pub type Ino = u64;

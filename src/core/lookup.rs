@@ -9,7 +9,7 @@ use std::time::SystemTime;
 
 use bytes::Bytes;
 
-use super::array::{ArrayState, lock};
+use super::array::ArrayState;
 use super::attr::Attr;
 use super::classify::DirClass;
 use super::error::FsError;
@@ -19,6 +19,7 @@ use super::memfile::{FileData, MemFile};
 use super::shards::ChunkData;
 use super::{CONTROL_FILE, CONTROL_SIZE, ShardFs};
 use crate::backing::{OpenMode, join_rel};
+use crate::sync::lock;
 use crate::zarr::{KeyNode, METADATA_FILE, Separator};
 
 /// An opened file: its handle, and how the kernel should cache it.

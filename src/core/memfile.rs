@@ -6,12 +6,7 @@ use std::time::{Instant, SystemTime};
 
 use bytes::Bytes;
 
-use super::array::lock;
-
-/// The largest file held in memory (a chunk file waiting for its shard, a temporary file
-/// inside an array): writes and truncations past it fail with EFBIG. Far above any sensible
-/// chunk, and low enough that the zeros of a hole can be written out.
-pub const MAX_FILE_BYTES: u64 = 4 << 30;
+use crate::sync::lock;
 
 /// The largest `zarr.json` held in memory and parsed: metadata, not data.
 pub const MAX_METADATA_BYTES: u64 = 64 << 20;

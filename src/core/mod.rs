@@ -11,6 +11,7 @@ pub mod attr;
 pub mod classify;
 mod commit;
 mod durable;
+pub mod errno;
 pub mod error;
 mod flush;
 pub mod group;

@@ -389,7 +389,7 @@ impl ShardFs {
                 // (A floor, so that a tiny limit still lets documents and ordinary
                 // chunks move; it bounds a hostile sparse file all the same.)
                 let held = self.config.max_pending.max(MOVED_FLOOR);
-                let limit = super::memfile::MAX_FILE_BYTES.min(held);
+                let limit = crate::limits::MAX_FILE_BYTES.min(held);
                 let (bytes, meta) = self
                     .backing
                     .read_as(rel, limit, reader.asker())?

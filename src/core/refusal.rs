@@ -2,7 +2,7 @@
 //! (a name that is no chunk key, a file too big to hold, a layout change while chunks are
 //! pending, a read of a damaged shard...). Each carries the file, the rule and what to do,
 //! so that the one log line it gets (`RefusalLog`) tells the user how to get going again;
-//! its errno is chosen in `crate::errno`.
+//! its errno is part of the rule (`Rule::errno`).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -54,6 +54,26 @@ pub enum Rule {
 }
 
 impl Rule {
+    /// The errno a request refused by the rule gets.
+    pub fn errno(self) -> i32 {
+        match self {
+            Rule::NotAChunkKey
+            | Rule::FileAsKeyDirectory
+            | Rule::DirectoryAsFile
+            | Rule::InvalidArrayMetadata
+            | Rule::ExchangeOfTranslatedNames => libc::EINVAL,
+            Rule::TooBig => libc::EFBIG,
+            Rule::LayoutChangeWhilePending => libc::EBUSY,
+            Rule::DamagedShard | Rule::MergeIntoDamagedShard => libc::EIO,
+            Rule::KeyDirectoryMove | Rule::ObjectStoreDirectoryRename => libc::EXDEV,
+            Rule::SpecialFileInArray
+            | Rule::ShardfsOwnFile
+            | Rule::TruncateTranslated
+            | Rule::ChunkOwnership => libc::EPERM,
+            Rule::ObjectStoreInPlaceChange => libc::EOPNOTSUPP,
+        }
+    }
+
     /// The rule, as the log line states it.
     pub fn text(self) -> &'static str {
         match self {
@@ -198,6 +218,20 @@ struct Quiet {
     since: u64,
 }
 
+/// The symbolic name of the errno values refusals use, for log lines.
+pub fn errno_name(errno: i32) -> &'static str {
+    match errno {
+        libc::EINVAL => "EINVAL",
+        libc::EFBIG => "EFBIG",
+        libc::EBUSY => "EBUSY",
+        libc::EIO => "EIO",
+        libc::EXDEV => "EXDEV",
+        libc::EPERM => "EPERM",
+        libc::EOPNOTSUPP => "EOPNOTSUPP",
+        _ => "error",
+    }
+}
+
 /// Logs refusals, each in one line: where (the path in the mount), the errno, what was
 /// wrong, the rule and the fix. Within a minute, further refusals of the same rule in the
 /// same directory (a writer with the wrong chunk shape, a reader of a damaged shard) are
@@ -243,7 +277,7 @@ impl RefusalLog {
         if overflow > 0 {
             more.push_str(&format!(" ({overflow} other refusals not logged)"));
         }
-        let errno = crate::errno::errno_name(crate::errno::ToErrno::to_errno(&r.rule));
+        let errno = errno_name(r.rule.errno());
         warn!(
             "{}: refused ({errno}): {}. Rule: {}. Fix: {}.{more}",
             self.shown(&r.file).display(),

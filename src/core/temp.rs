@@ -8,8 +8,8 @@ use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use super::array::lock;
 use super::memfile::MemFile;
+use crate::sync::lock;
 
 #[derive(Debug, Default)]
 pub struct TempNames {

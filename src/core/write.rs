@@ -16,9 +16,10 @@ use super::attr::Attr;
 use super::error::FsError;
 use super::handle::Handle;
 use super::inode::{Ino, NodeKind};
-use super::memfile::{MAX_FILE_BYTES, MAX_METADATA_BYTES, MemFile};
+use super::memfile::{MAX_METADATA_BYTES, MemFile};
 use super::shards::{ChunkData, WriteMode};
 use crate::backing::AttrChange;
+use crate::limits::MAX_FILE_BYTES;
 use crate::zarr::{KeyNode, METADATA_FILE};
 
 /// Attribute changes asked for by `setattr`.
@@ -278,7 +279,7 @@ impl ShardFs {
     /// kernel skips FLUSH in some paths) is flushed now.
     pub fn release(&self, fh: u64) -> Result<(), FsError> {
         let dirty = match self.handles.get(fh)?.as_ref() {
-            Handle::File(f) => super::array::lock(&f.dirty).is_some(),
+            Handle::File(f) => crate::sync::lock(&f.dirty).is_some(),
             Handle::Dir(_) => false,
         };
         let result = if dirty {

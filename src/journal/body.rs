@@ -25,8 +25,8 @@ use bytes::Bytes;
 use tracing::warn;
 
 use super::{Entry, JOURNAL_DIR, Journal, RecordRef, append_at, create, record};
-use crate::core::array::lock;
 use crate::shard::ChunkRange;
+use crate::sync::lock;
 
 /// The body file of one pending shard.
 #[derive(Debug)]

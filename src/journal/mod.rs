@@ -30,7 +30,7 @@ use serde::Serialize;
 use tracing::{error, info, warn};
 
 use crate::backing::{Backing, OpenMode, is_absent};
-use crate::core::array::lock;
+use crate::sync::lock;
 
 /// Where journals live, relative to BACKING's root.
 pub const JOURNAL_DIR: &str = ".shardfs/journal";
@@ -725,7 +725,7 @@ impl Journal {
             // file): nothing larger than this mount could have written is read.
             let limit = match body::is_body(&path) {
                 true => MAX_BODY_BYTES,
-                false => SEGMENT_BYTES + crate::core::memfile::MAX_FILE_BYTES + (1 << 20),
+                false => SEGMENT_BYTES + crate::limits::MAX_FILE_BYTES + (1 << 20),
             };
             let bytes = match trust::read_trusted(&self.backing, &path, limit) {
                 Ok(b) => Bytes::from(b),

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::super::array::{ArrayState, lock};
+use super::super::array::ArrayState;
 use super::super::error::FsError;
 use super::super::memfile::MemFile;
 use super::records::book;
@@ -22,6 +22,7 @@ use crate::journal::body::{Body, BodyChunk};
 use crate::journal::record::Was;
 use crate::journal::{Entry, Journal, RecordRef};
 use crate::shard::{ChunkRange, IndexLocation};
+use crate::sync::lock;
 
 /// A pending chunk to make durable: its array, coordinates and file.
 pub(crate) type PendingChunk = (Arc<ArrayState>, Vec<u64>, Arc<MemFile>);

@@ -26,12 +26,13 @@ use std::time::{Instant, SystemTime};
 use bytes::Bytes;
 use tracing::warn;
 
-use super::array::{ArrayState, lock};
+use super::array::ArrayState;
 use super::error::FsError;
 use super::memfile::{FileData, MemFile};
 use super::stats::Stats;
 use crate::backing::Backing;
 use crate::shard::IndexError;
+use crate::sync::lock;
 pub(crate) use body::PendingChunk;
 pub(crate) use ledger::Held;
 use ledger::Ledger;
@@ -650,7 +651,7 @@ impl ShardRegistry {
                             FileData::from_bytes(Bytes::from(crate::shard::read_whole_chunk(
                                 &open.file,
                                 range,
-                                crate::core::memfile::MAX_FILE_BYTES,
+                                crate::limits::MAX_FILE_BYTES,
                             )?))
                         }
                         None => FileData::default(),

@@ -7,13 +7,14 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::super::array::{ArrayState, lock};
+use super::super::array::ArrayState;
 use super::super::error::FsError;
 use super::super::memfile::{FileData, MemFile};
 use super::{Held, ShardRegistry, ShardSlot, ShardState};
 use crate::backing::Backing;
 use crate::journal::record::Was;
 use crate::journal::{Entry, RecordRef};
+use crate::sync::lock;
 use crate::zarr::Node;
 
 impl ShardRegistry {
@@ -247,7 +248,7 @@ impl ShardRegistry {
         match index.get(pos) {
             None => Was::Absent,
             Some(range) => {
-                let max = crate::core::memfile::MAX_FILE_BYTES;
+                let max = crate::limits::MAX_FILE_BYTES;
                 match crate::shard::read_whole_chunk(&*open.file, range, max) {
                     Ok(bytes) => Was::of(Some(&bytes)),
                     Err(_) => Was::Unknown,

@@ -174,7 +174,7 @@ impl StoredChunk {
         Ok(Bytes::from(crate::shard::read_whole_chunk(
             &self.file,
             self.range,
-            crate::core::memfile::MAX_FILE_BYTES,
+            crate::limits::MAX_FILE_BYTES,
         )?))
     }
 

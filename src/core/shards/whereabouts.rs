@@ -13,10 +13,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::super::array::{ArrayState, lock};
+use super::super::array::ArrayState;
 use super::super::memfile::MAX_METADATA_BYTES;
 use super::ShardRegistry;
 use crate::backing::{Backing, DirNow, EntryKind};
+use crate::sync::lock;
 use crate::zarr::{METADATA_FILE, Node};
 
 /// How many directories a search for a moved array looks at before it gives up.

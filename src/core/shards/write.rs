@@ -11,7 +11,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use tracing::{debug, error, info, warn};
 
-use super::super::array::{ArrayState, lock};
+use super::super::array::ArrayState;
 use super::super::error::FsError;
 use super::super::memfile::MemFile;
 use super::super::stats::Stats;
@@ -21,12 +21,13 @@ use super::whereabouts::Whereabouts;
 use super::{Failure, ShardRegistry, ShardSlot};
 use crate::backing::Backing;
 use crate::backing::lock::Within;
-use crate::errno::ToErrno;
+use crate::core::errno::ToErrno;
 use crate::journal::Journal;
 use crate::journal::RecordRef;
 use crate::journal::body::Finishing;
 use crate::shard::{ChunkRange, IndexFormat, IndexLocation, ShardBuilder, ShardIndex};
 use crate::store::{ObjectInfo, Precondition, StoreError};
+use crate::sync::lock;
 
 /// What a shard write includes. Every shard write is durable: file synced, then renamed,
 /// then its directory synced.
@@ -703,7 +704,7 @@ impl ShardJob<'_> {
         }
         // Sizes from an index are untrusted (`read_whole_chunk`): nothing bigger than a file
         // may hold is read into memory.
-        let max = crate::core::memfile::MAX_FILE_BYTES;
+        let max = crate::limits::MAX_FILE_BYTES;
         if kept.iter().any(|(_, r)| r.nbytes > max) {
             return Err(std::io::Error::from_raw_os_error(libc::EFBIG).into());
         }

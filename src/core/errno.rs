@@ -1,7 +1,8 @@
-//! The one place where errors become errno values for the kernel.
+//! The one place where errors become errno values for the kernel: the core's errors
+//! (into which every lower part's errors are turned) as the adapter answers them. A
+//! refusal's errno is part of its rule (`refusal::Rule::errno`, beside its text and fix).
 
-use crate::core::FsError;
-use crate::core::refusal::Rule;
+use super::FsError;
 
 pub trait ToErrno {
     fn to_errno(&self) -> i32;
@@ -23,7 +24,7 @@ impl ToErrno for FsError {
             FsError::Changed => libc::ESTALE,
             FsError::Conflict(_) => libc::EBUSY,
             FsError::Failed(_, errno) => *errno,
-            FsError::Refused(r) => r.rule.to_errno(),
+            FsError::Refused(r) => r.rule.errno(),
             // (A write that lost to another node's, `store::mirror::Published`, is EIO,
             // its reason logged: the kernel retries a rename or unlink that fails with
             // ESTALE, and the retry would go over the newer version the mount took.)
@@ -32,44 +33,10 @@ impl ToErrno for FsError {
     }
 }
 
-impl ToErrno for Rule {
-    fn to_errno(&self) -> i32 {
-        match self {
-            Rule::NotAChunkKey
-            | Rule::FileAsKeyDirectory
-            | Rule::DirectoryAsFile
-            | Rule::InvalidArrayMetadata
-            | Rule::ExchangeOfTranslatedNames => libc::EINVAL,
-            Rule::TooBig => libc::EFBIG,
-            Rule::LayoutChangeWhilePending => libc::EBUSY,
-            Rule::DamagedShard | Rule::MergeIntoDamagedShard => libc::EIO,
-            Rule::KeyDirectoryMove | Rule::ObjectStoreDirectoryRename => libc::EXDEV,
-            Rule::SpecialFileInArray
-            | Rule::ShardfsOwnFile
-            | Rule::TruncateTranslated
-            | Rule::ChunkOwnership => libc::EPERM,
-            Rule::ObjectStoreInPlaceChange => libc::EOPNOTSUPP,
-        }
-    }
-}
-
-/// The symbolic name of the errno values refusals use, for log lines.
-pub fn errno_name(errno: i32) -> &'static str {
-    match errno {
-        libc::EINVAL => "EINVAL",
-        libc::EFBIG => "EFBIG",
-        libc::EBUSY => "EBUSY",
-        libc::EIO => "EIO",
-        libc::EXDEV => "EXDEV",
-        libc::EPERM => "EPERM",
-        libc::EOPNOTSUPP => "EOPNOTSUPP",
-        _ => "error",
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::refusal::{Rule, errno_name};
     use crate::shard::IndexError;
     use std::path::Path;
 
