@@ -71,6 +71,9 @@ pub enum DaemonError {
     Unclean(String),
     #[error("{0}")]
     Usage(String),
+    /// What became of an unmount that is not the daemon's to say.
+    #[error("{0}")]
+    Ended(String),
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> DaemonError + '_ {
@@ -166,10 +169,17 @@ pub fn spawn_daemon(
     let exe = std::env::current_exe().map_err(io_err(Path::new("/proc/self/exe")))?;
     let write_raw = fds[1];
     let mut cmd = Command::new(exe);
-    cmd.args(args)
+    // The runtime directory as this command resolved it (the daemon writes its status
+    // there, and `unmount`, run from anywhere, must find it).
+    // The daemon's flags go right after the subcommand (`mount`): after the user's
+    // arguments they could follow a `--` and be taken for paths.
+    let (subcommand, rest) = args.split_first().unzip();
+    cmd.env("SHARDFS_RUNTIME_DIR", crate::runtime::dir())
+        .args(subcommand)
         .arg("--foreground")
         .arg("--ready-fd")
         .arg("3")
+        .args(rest.unwrap_or_default())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log);
@@ -268,8 +278,8 @@ fn fusermount_unmount(mountpoint: &Path, lazy: bool) -> io::Result<()> {
     let program = crate::runtime::fusermount().ok_or_else(|| {
         io::Error::new(
             io::ErrorKind::NotFound,
-            "only root may unmount without fusermount3, which is not installed (Debian and \
-             Ubuntu: apt install fuse3)",
+            "only root may unmount without fusermount3, which was not found \
+             ($FUSERMOUNT_PATH, PATH, /bin, /sbin; Debian and Ubuntu: apt install fuse3)",
         )
     })?;
     let out = std::process::Command::new(&program)
@@ -281,11 +291,41 @@ fn fusermount_unmount(mountpoint: &Path, lazy: bool) -> io::Result<()> {
     if out.status.success() {
         return Ok(());
     }
-    let said = String::from_utf8_lossy(&out.stderr).trim().to_string();
-    if said.contains("busy") {
-        return Err(io::Error::from_raw_os_error(libc::EBUSY));
+    Err(fusermount_refusal(&String::from_utf8_lossy(&out.stderr)))
+}
+
+/// fusermount3's refusal (`<program>: <what>`) as an error: busy when it ends with
+/// strerror's words for EBUSY (the path, which comes before them, may say anything).
+fn fusermount_refusal(said: &str) -> io::Error {
+    let said = said.trim();
+    let what = said.split_once(": ").map_or(said, |(_, what)| what);
+    if what.ends_with("Device or resource busy") {
+        return io::Error::from_raw_os_error(libc::EBUSY);
     }
-    Err(io::Error::other(format!("{}: {said}", program.display())))
+    if what.contains("not found in /etc/mtab") {
+        return io::Error::other("fusermount3: it is not a FUSE mount of this user's");
+    }
+    io::Error::other(format!("fusermount3: {what}"))
+}
+
+/// `path` absolute, with its links resolved, without entering the mount it may name (a
+/// dead mount answers every look inside with ENOTCONN): the directory holding it is
+/// canonicalized, and a last component that is a link followed; `m/.` is `m`.
+fn resolve_outside(path: &Path) -> PathBuf {
+    let mut p = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    for _ in 0..40 {
+        let clean: PathBuf = p.components().collect();
+        let (Some(parent), Some(name)) = (clean.parent(), clean.file_name()) else {
+            return clean;
+        };
+        let parent = fs::canonicalize(parent).unwrap_or_else(|_| parent.to_path_buf());
+        let joined = parent.join(name);
+        match fs::read_link(&joined) {
+            Ok(target) => p = parent.join(target),
+            Err(_) => return joined,
+        }
+    }
+    p
 }
 
 /// An object store that could not be opened or mirrored, named by its URL.
@@ -697,7 +737,9 @@ fn show_progress(control: &Path, done: &std::sync::atomic::AtomicBool) {
         let now = now.stats;
         let rate = now.bytes_written.saturating_sub(first.bytes_written) as f64
             / start.elapsed().as_secs_f64();
-        eprint!(
+        use std::io::Write as _;
+        let _ = write!(
+            std::io::stderr(),
             "\r\x1b[Kwriting: {} shards, {:.1} MiB left, {:.1} MiB/s, {:.0} s",
             now.pending_shards,
             now.pending_bytes as f64 / (1 << 20) as f64,
@@ -707,7 +749,7 @@ fn show_progress(control: &Path, done: &std::sync::atomic::AtomicBool) {
         shown = true;
     }
     if shown {
-        eprintln!();
+        say!("");
     }
 }
 
@@ -756,10 +798,11 @@ pub fn flush(mountpoint: &Path, path: Option<&Path>) -> Result<String, DaemonErr
 
 /// `shardfs unmount`: unmount, then wait for the daemon to finish writing and exit.
 pub fn unmount(mountpoint: &Path, lazy: bool, give_up: bool) -> Result<(), DaemonError> {
-    if is_dead_mount(mountpoint) {
-        let shown = mountpoint.display().to_string();
-        detach(mountpoint).map_err(io_err(mountpoint))?;
-        return Err(DaemonError::Unclean(format!(
+    let resolved = resolve_outside(mountpoint);
+    if is_dead_mount(&resolved) {
+        let shown = resolved.display().to_string();
+        detach(&resolved).map_err(io_err(&resolved))?;
+        return Err(DaemonError::Ended(format!(
             "{shown} was a dead mount and has been cleared; whatever its daemon had not \
              written when it died is lost"
         )));
@@ -772,26 +815,11 @@ pub fn unmount(mountpoint: &Path, lazy: bool, give_up: bool) -> Result<(), Daemo
     let control = mountpoint.join(CONTROL_FILE);
     let info = read_control(&control)?;
     // Checked while the daemon lives (its /proc entry tells whose it is).
-    let ours = crate::runtime::is_our_status_file(&info.status_file, info.pid);
-    // Everything pending is written while the mount is still there: when that fails, the
-    // mount stays (nothing is lost) and the failures are named.
-    let mut given_up = None;
-    // Giving up, no lock another process holds is waited for, from the first flush on.
-    if give_up {
-        control_flush(&control, "give-up").map_err(io_err(&control))?;
-    }
-    if let Err(e) = control_flush(&control, "flush") {
-        let what = not_written(&control);
-        if !give_up {
-            return Err(DaemonError::Unclean(format!(
-                "pending data could not be written ({e}); {shown} stays mounted. Not written: \
-                 {what}. Fix the cause and unmount again, or give it up: `shardfs unmount \
-                 --give-up {shown}` (what was fsynced stays in the journal, for the next \
-                 mount to write; the rest is lost)"
-            )));
-        }
-        given_up = Some(what);
-    }
+    let ours = Ours {
+        daemon: crate::runtime::is_our_process(info.pid),
+        status: crate::runtime::is_our_status_file(&info.status_file, info.pid),
+    };
+    let given_up = flush_before_unmount(&control, &shown, give_up)?;
     // Still the mount it was when asked: a directory on the way that its user moved away
     // and replaced by a link (while the flush waited) would have this unmount another one.
     let now = fs::metadata(mountpoint).map(|m| (m.dev(), m.ino())).ok();
@@ -802,35 +830,97 @@ pub fn unmount(mountpoint: &Path, lazy: bool, give_up: bool) -> Result<(), Daemo
         )));
     }
     if let Err(e) = umount(mountpoint, lazy) {
+        if live_mount(mountpoint).is_err() {
+            return Err(DaemonError::Ended(format!(
+                "{shown} was unmounted meanwhile by another command (which reports what \
+                 its daemon says)"
+            )));
+        }
         if e.raw_os_error() == Some(libc::EBUSY) {
             return Err(DaemonError::Busy(shown));
         }
         return Err(io_err(mountpoint)(e));
     }
-    if !ours {
-        return Err(DaemonError::Unclean(format!(
+    if !ours.daemon {
+        return Err(DaemonError::Ended(format!(
             "unmounted; its daemon (pid {}) is not one of this user's, so it was not waited \
-             for and its status file {} was not read (see the daemon's log)",
-            info.pid,
-            info.status_file.display()
+             for (see the daemon's log)",
+            info.pid
         )));
     }
-    daemon_verdict(&info, given_up)
+    daemon_verdict(&info, ours.status, given_up)
 }
 
-/// After the unmount: waits for the daemon to exit and reads what it says of its end.
-fn daemon_verdict(info: &ControlInfo, given_up: Option<String>) -> Result<(), DaemonError> {
+/// Whose the daemon of a mount is, and whether its status file may be believed.
+struct Ours {
+    daemon: bool,
+    status: bool,
+}
+
+/// Everything pending is written while the mount is still there: when that fails, the
+/// mount stays (nothing is lost) and the failures are named. Giving up, no lock another
+/// process holds is waited for, from the first flush on; what could not be written is
+/// returned.
+fn flush_before_unmount(
+    control: &Path,
+    shown: &str,
+    give_up: bool,
+) -> Result<Option<String>, DaemonError> {
+    let not_yours = |e: &io::Error| {
+        (e.kind() == io::ErrorKind::PermissionDenied).then(|| {
+            DaemonError::Ended(format!(
+                "{shown} is another user's mount (its control file is closed to you): only \
+                 they, or root, may unmount it"
+            ))
+        })
+    };
+    if give_up && let Err(e) = control_flush(control, "give-up") {
+        return Err(not_yours(&e).unwrap_or_else(|| io_err(control)(e)));
+    }
+    let Err(e) = control_flush(control, "flush") else {
+        return Ok(None);
+    };
+    if let Some(refused) = not_yours(&e) {
+        return Err(refused);
+    }
+    let what = not_written(control);
+    if give_up {
+        return Ok(Some(what));
+    }
+    Err(DaemonError::Unclean(format!(
+        "pending data could not be written ({e}); {shown} stays mounted. Not written: \
+         {what}. Fix the cause and unmount again, or give it up: `shardfs unmount \
+         --give-up {shown}` (what was fsynced stays in the journal, for the next mount to \
+         write; the rest is lost)"
+    )))
+}
+
+/// After the unmount: waits for the daemon to exit and reads what it says of its end
+/// (when its status file can be believed: `status`).
+fn daemon_verdict(
+    info: &ControlInfo,
+    status: bool,
+    given_up: Option<String>,
+) -> Result<(), DaemonError> {
     if !wait_for_exit(info.pid) {
-        return Err(DaemonError::Unclean(format!(
+        return Err(DaemonError::Ended(format!(
             "unmounted, but the daemon (pid {}) is still running; see its log",
             info.pid
+        )));
+    }
+    if !status {
+        return Err(DaemonError::Ended(format!(
+            "unmounted and its daemon has exited, but its status file {} is gone or not in \
+             a private directory of yours (was its runtime directory removed?): what it \
+             said of its end is unknown; see its log",
+            info.status_file.display()
         )));
     }
     let status = fs::read_to_string(&info.status_file);
     // Read once, by the one who asked: it has served its purpose.
     let _ = fs::remove_file(&info.status_file);
     if let Some(what) = given_up {
-        return Err(DaemonError::Unclean(format!(
+        return Err(DaemonError::Ended(format!(
             "unmounted, giving up on: {what}. What of it was fsynced stays in the journal, \
              for the next mount of BACKING to write"
         )));
@@ -870,4 +960,45 @@ fn wait_for_exit(pid: u32) -> bool {
         std::thread::sleep(Duration::from_millis(step));
     }
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Review of issue 20: a refusal whose path held "busy" was taken for EBUSY, and the
+    /// program's name came twice.
+    #[test]
+    fn fusermount3s_refusals_are_told_by_their_end_not_by_the_path() {
+        let busy = fusermount_refusal(
+            "/usr/bin/fusermount3: failed to unmount /home/u/not busy: Device or resource busy\n",
+        );
+        assert_eq!(busy.raw_os_error(), Some(libc::EBUSY));
+        let gone = fusermount_refusal(
+            "/usr/bin/fusermount3: entry for /home/u/busy not found in /etc/mtab",
+        );
+        assert_eq!(gone.raw_os_error(), None);
+        assert_eq!(
+            gone.to_string(),
+            "fusermount3: it is not a FUSE mount of this user's"
+        );
+        let other = fusermount_refusal("fusermount3: something else");
+        assert_eq!(other.to_string(), "fusermount3: something else");
+    }
+
+    /// A mount named through a link or as `m/.` is found without entering it (a dead
+    /// mount answers ENOTCONN to every look inside).
+    #[test]
+    fn a_mount_point_is_resolved_from_outside() {
+        let d = tempfile::tempdir().unwrap();
+        let real = d.path().canonicalize().unwrap();
+        let m = real.join("m");
+        fs::create_dir(&m).unwrap();
+        std::os::unix::fs::symlink("m", real.join("lnk")).unwrap();
+        std::os::unix::fs::symlink(real.join("lnk"), real.join("lnk2")).unwrap();
+        assert_eq!(resolve_outside(&real.join("lnk")), m);
+        assert_eq!(resolve_outside(&real.join("lnk2")), m);
+        assert_eq!(resolve_outside(&m.join(".")), m);
+        assert_eq!(resolve_outside(&real.join("lnk").join("")), m);
+    }
 }

@@ -5,11 +5,12 @@
 //! anything but a regular file.
 //!
 //! Where: `$SHARDFS_RUNTIME_DIR` if set; else `/run/shardfs` for root; else
-//! `$XDG_RUNTIME_DIR/shardfs`; else `$TMPDIR/shardfs-UID`.
+//! `$XDG_RUNTIME_DIR/shardfs`; else `$TMPDIR/shardfs-UID`. Also where a user's cache of
+//! object stores goes (`cache_dir`).
 
 use std::fs::{self, File};
 use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 fn euid() -> u32 {
@@ -23,40 +24,97 @@ pub fn is_root() -> bool {
 }
 
 /// The FUSE tools' set-user-ID helper through which a user other than root mounts and
-/// unmounts: `fusermount3`, or the older `fusermount`, found on `PATH`.
+/// unmounts, found where the FUSE library (`fuser`) that mounts looks for it:
+/// `$FUSERMOUNT_PATH` if set, else `fusermount3` or the older `fusermount` on `PATH`, else
+/// in the system's directories.
 pub fn fusermount() -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    ["fusermount3", "fusermount"].iter().find_map(|name| {
-        std::env::split_paths(&path)
-            .map(|dir| dir.join(name))
-            .find(|p| p.is_file())
+    if let Some(p) = std::env::var_os("FUSERMOUNT_PATH").filter(|p| !p.is_empty()) {
+        return Some(PathBuf::from(p)).filter(|p| p.is_file());
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let on_path = std::env::split_paths(&path).collect::<Vec<_>>();
+    let system = ["/sbin", "/bin", "/usr/sbin", "/usr/bin"].map(PathBuf::from);
+    [on_path, system.to_vec()].iter().find_map(|dirs| {
+        ["fusermount3", "fusermount"]
+            .iter()
+            .find_map(|name| dirs.iter().map(|dir| dir.join(name)).find(|p| p.is_file()))
     })
 }
 
-/// Where a user keeps caches: `$XDG_CACHE_HOME`, else `~/.cache`; root's in `/var/cache`.
-pub fn cache_home() -> PathBuf {
-    if is_root() {
-        return PathBuf::from("/var/cache");
-    }
-    match std::env::var_os("XDG_CACHE_HOME") {
-        Some(x) if !x.is_empty() => PathBuf::from(x),
-        _ => std::env::var_os("HOME")
-            .map(|h| PathBuf::from(h).join(".cache"))
-            .unwrap_or_else(|| std::env::temp_dir().join(format!("shardfs-cache-{}", euid()))),
-    }
+/// A directory named by an environment variable, used only when absolute (as the XDG
+/// base directory rules ask: a relative one is ignored).
+fn env_dir(name: &str) -> Option<PathBuf> {
+    std::env::var_os(name)
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
 }
 
-/// The private directory's path (not made yet: `ensure_private`).
+/// The temporary directory, absolute whatever `$TMPDIR` says: paths kept in a mount's
+/// control file are read from other directories.
+fn temp_dir() -> PathBuf {
+    let t = std::env::temp_dir();
+    std::path::absolute(&t).unwrap_or(t)
+}
+
+/// This user's cache directory of shardfs (object stores' local copies), made if missing
+/// and checked: `/var/cache/shardfs` for root, else `$XDG_CACHE_HOME/shardfs` or
+/// `~/.cache/shardfs`, made mode 0700 (the XDG rules: a user's caches are theirs alone;
+/// they hold the user's data). Without a home, `$TMPDIR/shardfs-cache-UID`, a name
+/// another user could take first: it must be a private directory of ours
+/// (`ensure_private`), never a link or someone else's.
+pub fn cache_dir() -> io::Result<PathBuf> {
+    let base = if is_root() {
+        PathBuf::from("/var/cache")
+    } else if let Some(x) = env_dir("XDG_CACHE_HOME") {
+        x
+    } else if let Some(home) = env_dir("HOME") {
+        home.join(".cache")
+    } else {
+        let guessed = temp_dir().join(format!("shardfs-cache-{}", euid()));
+        ensure_private(&guessed)?;
+        guessed
+    };
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&base)?;
+    let dir = base.join("shardfs");
+    match fs::DirBuilder::new().mode(0o700).create(&dir) {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+        _ => {}
+    }
+    // Followed if a link (a user may keep caches on scratch space), but it must be ours.
+    let m = fs::metadata(&dir)?;
+    if !m.is_dir() || m.uid() != euid() {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "cache directory {} refused: it is not a directory of uid {}; remove it, or \
+                 give --cache-dir",
+                dir.display(),
+                euid()
+            ),
+        ));
+    }
+    if m.mode() & 0o077 != 0 {
+        // Ours and made open by an older shardfs or by hand: closed now.
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(dir)
+}
+
+/// The private directory's path (not made yet: `ensure_private`), absolute.
 pub fn dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("SHARDFS_RUNTIME_DIR") {
-        return PathBuf::from(d);
+    if let Some(d) = std::env::var_os("SHARDFS_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        let d = PathBuf::from(d);
+        return std::path::absolute(&d).unwrap_or(d);
     }
     if euid() == 0 {
         return PathBuf::from("/run/shardfs");
     }
-    match std::env::var_os("XDG_RUNTIME_DIR") {
-        Some(x) if !x.is_empty() => PathBuf::from(x).join("shardfs"),
-        _ => std::env::temp_dir().join(format!("shardfs-{}", euid())),
+    match env_dir("XDG_RUNTIME_DIR") {
+        Some(x) => x.join("shardfs"),
+        None => temp_dir().join(format!("shardfs-{}", euid())),
     }
 }
 
@@ -89,6 +147,11 @@ pub fn ensure_private(dir: &Path) -> io::Result<()> {
             ),
         )),
     }
+}
+
+/// Whether process `pid` is one of this user's.
+pub fn is_our_process(pid: u32) -> bool {
+    fs::symlink_metadata(format!("/proc/{pid}")).is_ok_and(|m| m.uid() == euid())
 }
 
 /// Whether `status_file`, named by a mount's control file, is one a daemon of ours wrote:

@@ -125,3 +125,22 @@ fn no_command_complains_of_a_closed_pipe() {
     into_a_closed_pipe(&["inspect", array.to_str().unwrap(), "--json"]);
     into_a_closed_pipe(&["verify", array.to_str().unwrap()]);
 }
+
+/// `mount` keeps SIGPIPE ignored (its daemon outlives the terminal), so its messages may
+/// meet a closed stderr: a refusal is still exit status 2, not a panic (review of issue
+/// 20: 101).
+#[test]
+fn a_refused_mount_with_stderr_closed_still_exits_2() {
+    let (_d, _, mountpoint) = common::mount::dirs();
+    let bin = common::shardfs_bin();
+    let script = format!(
+        "'{}' mount /nonexistent/backing '{}' 2>&-",
+        bin.display(),
+        mountpoint.display()
+    );
+    let out = std::process::Command::new("sh")
+        .args(["-c", &script])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+}

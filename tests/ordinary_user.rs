@@ -219,6 +219,11 @@ fn an_ordinary_user_mounts_an_object_store_with_default_paths() {
     let cache = user.home.join(".cache/shardfs");
     let made: Vec<_> = std::fs::read_dir(&cache).unwrap().collect();
     assert_eq!(made.len(), 1, "{}", cache.display());
+    // Closed to others: it holds the user's data (review of issue 20: made 0755).
+    for dir in [user.home.join(".cache"), cache] {
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700, "{}", dir.display());
+    }
     assert_eq!(server.keys("mine/a/c/").len(), 4);
 }
 
@@ -245,50 +250,266 @@ fn what_keeps_an_ordinary_user_from_mounting_is_said_in_one_line() {
         user.shardfs(&["mount", b, m, "--allow-other"]),
         "user_allow_other",
     );
-    // No fusermount3 on PATH.
-    let mut no_helper = user.command(&user.bin(), &["mount", b, m], &[]);
-    no_helper.env_clear();
-    let args: Vec<String> = no_helper
-        .get_args()
-        .map(|a| a.to_string_lossy().into_owned())
-        .map(|a| {
-            if a.starts_with("PATH=") {
-                "PATH=/nonexistent".to_string()
-            } else {
-                a
-            }
-        })
-        .collect();
-    let out = run_timeout(Command::new("setpriv").args(&args), Duration::from_secs(60));
+    // No fusermount3 anywhere it is looked for (in a mount namespace of the test's own,
+    // where /dev/null stands over it), or none where $FUSERMOUNT_PATH says.
+    let out = in_namespace(
+        &["mount --bind /dev/null /usr/bin/fusermount3"],
+        &[user.command(&user.bin(), &["mount", b, m], &[])],
+    );
     refused(out, "fusermount3");
-    // A mount point of another user's.
+    let elsewhere = [("FUSERMOUNT_PATH", "/nonexistent/fusermount3".to_string())];
+    refused(
+        user.run(&user.bin(), &["mount", b, m], &elsewhere),
+        "fusermount3",
+    );
+    // Mount points fusermount3 refuses: one the user may not write, a sticky one of
+    // another user's.
     let theirs = user.dir.path().join("root-owned");
     std::fs::create_dir(&theirs).unwrap();
-    std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o777)).unwrap();
+    std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o755)).unwrap();
     let out = user.shardfs(&["mount", b, theirs.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(stderr(&out).contains("another user"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("not writable by you"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!is_mounted(&theirs));
+    std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let out = user.shardfs(&["mount", b, theirs.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("sticky"), "{}", stderr(&out));
     assert!(!is_mounted(&theirs));
     // /dev/fuse closed to the user (in a mount namespace of the test's own, where a file
     // only root may open stands in for it).
     let closed = user.dir.path().join("closed-fuse");
     std::fs::write(&closed, b"").unwrap();
     std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let inner = user.command(&user.bin(), &["mount", b, m], &[]);
-    let quoted: Vec<String> = std::iter::once(inner.get_program())
-        .chain(inner.get_args())
-        .map(|a| format!("'{}'", a.to_string_lossy()))
-        .collect();
-    let script = format!(
-        "mount --bind {} /dev/fuse && exec {}",
-        closed.display(),
-        quoted.join(" ")
-    );
-    let out = run_timeout(
-        Command::new("unshare").args(["--mount", "sh", "-c", &script]),
-        Duration::from_secs(60),
+    let out = in_namespace(
+        &[&format!("mount --bind {} /dev/fuse", closed.display())],
+        &[user.command(&user.bin(), &["mount", b, m], &[])],
     );
     refused(out, "/dev/fuse");
+}
+
+/// Where fusermount3 lets a user mount, shardfs does too (review of issue 20: a directory
+/// of another user's that the user may write was refused), and fusermount3 is found where
+/// the FUSE library finds it, on PATH or not (it was looked for on PATH alone).
+#[test]
+fn an_ordinary_user_mounts_where_fusermount3_allows() {
+    let user = User::new();
+    let backing = user.own_dir(&user.home.join("b"));
+    let shared = user.dir.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let _guard = Unmounted(shared.clone());
+    let (b, m) = (backing.to_str().unwrap(), shared.to_str().unwrap());
+    let no_path = [("PATH", String::new())];
+    assert_ok(
+        &user.run(&user.bin(), &["mount", b, m], &no_path),
+        "mount on a shared directory, PATH empty",
+    );
+    assert!(is_mounted(&shared));
+    assert_ok(
+        &user.run(&user.bin(), &["unmount", m], &no_path),
+        "unmount, PATH empty",
+    );
+    assert!(!is_mounted(&shared));
+}
+
+/// /etc/fuse.conf is read as fusermount3 reads it: `user_allow_other` followed by a
+/// comment lets a user mount with --allow-other (review of issue 20: refused).
+#[test]
+fn a_user_allow_other_with_a_comment_lets_a_user_share_the_mount() {
+    let user = User::new();
+    let backing = user.own_dir(&user.home.join("b"));
+    let mnt = user.own_dir(&user.home.join("m"));
+    let (b, m) = (backing.to_str().unwrap(), mnt.to_str().unwrap());
+    let conf = user.dir.path().join("fuse.conf");
+    std::fs::write(&conf, "# shared\nuser_allow_other # users may share\n").unwrap();
+    let mut listing = Command::new("ls");
+    listing.arg(m);
+    let out = in_namespace(
+        &[
+            &format!("trap \"umount -l '{m}' 2>/dev/null || true\" EXIT"),
+            &format!("mount --bind {} /etc/fuse.conf", conf.display()),
+        ],
+        &[
+            user.command(&user.bin(), &["mount", b, m, "--allow-other"], &[]),
+            // Root, another user than the mount's, may look in: allow_other holds.
+            listing,
+            user.command(&user.bin(), &["unmount", m], &[]),
+        ],
+    );
+    assert_ok(&out, "mount --allow-other, ls as root, unmount");
+}
+
+/// Without a home, the cache would go to a name in the temporary directory that another
+/// user can take first (review of issue 20: a link planted there had the user's data
+/// written where the other user reads it). A link, or a directory of someone else's,
+/// is refused, and nothing is written through it.
+#[test]
+fn a_cache_directory_planted_by_another_user_is_refused() {
+    let user = User::new();
+    let mnt = user.own_dir(&user.home.join("m"));
+    let tmp = user.dir.path().join("tmp");
+    let trap = user.dir.path().join("trap");
+    for (dir, mode) in [(&tmp, 0o1777), (&trap, 0o777)] {
+        std::fs::create_dir(dir).unwrap();
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let planted = tmp.join(format!("shardfs-cache-{}", user.uid));
+    std::os::unix::fs::symlink(&trap, &planted).unwrap();
+    let env = [
+        ("HOME", String::new()),
+        ("TMPDIR", tmp.display().to_string()),
+    ];
+    let mount = || {
+        let out = user.run(
+            &user.bin(),
+            &["mount", "s3://bucket/x", mnt.to_str().unwrap()],
+            &env,
+        );
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        assert_eq!(stderr(&out).trim().lines().count(), 1, "{}", stderr(&out));
+        assert!(stderr(&out).contains("refused"), "{}", stderr(&out));
+        assert!(!is_mounted(&mnt));
+    };
+    mount();
+    assert_eq!(
+        std::fs::read_dir(&trap).unwrap().count(),
+        0,
+        "written through the link"
+    );
+    std::fs::remove_file(&planted).unwrap();
+    std::fs::create_dir(&planted).unwrap();
+    std::fs::set_permissions(&planted, std::fs::Permissions::from_mode(0o777)).unwrap();
+    mount();
+    assert_eq!(std::fs::read_dir(&planted).unwrap().count(), 0);
+}
+
+/// `shardfs unmount` finds its daemon's verdict whatever became of the paths it was
+/// mounted with (review of issue 20): a relative runtime directory, the unmount run from
+/// another directory; the runtime directory removed meanwhile (as at the last logout);
+/// a dead mount named through a link.
+#[test]
+fn an_ordinary_users_unmount_finds_its_daemon_whatever_became_of_the_paths() {
+    let user = User::new();
+    let backing = user.own_dir(&user.home.join("b"));
+    let mnt = user.own_dir(&user.home.join("m"));
+    let work = user.own_dir(&user.home.join("work"));
+    let _guard = Unmounted(mnt.clone());
+    let m = mnt.to_str().unwrap();
+    let relative = [("SHARDFS_RUNTIME_DIR", "rt".to_string())];
+    let mut mount = user.command(&user.bin(), &["mount", "../b", "../m"], &relative);
+    assert_ok(
+        &run_timeout(mount.current_dir(&work), Duration::from_secs(60)),
+        "mount",
+    );
+    let mut unmount = user.command(&user.bin(), &["unmount", "m"], &[]);
+    let out = run_timeout(unmount.current_dir(&user.home), Duration::from_secs(60));
+    assert_ok(&out, "unmount from another directory");
+    assert!(!is_mounted(&mnt));
+    // The runtime directory removed while mounted.
+    let xdg = user.own_dir(&user.dir.path().join("xdg"));
+    std::fs::set_permissions(&xdg, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let env = [("XDG_RUNTIME_DIR", xdg.display().to_string())];
+    let b = backing.to_str().unwrap();
+    assert_ok(&user.run(&user.bin(), &["mount", b, m], &env), "mount");
+    std::fs::remove_dir_all(xdg.join("shardfs")).unwrap();
+    let out = user.run(&user.bin(), &["unmount", m], &env);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("has exited"), "{}", stderr(&out));
+    assert!(!is_mounted(&mnt));
+    // A dead mount, named through a link.
+    assert_ok(&user.shardfs(&["mount", b, m]), "mount");
+    let pid = daemon_of(&user, &mnt);
+    assert!(
+        Command::new("kill")
+            .args(["-9", &pid.to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    while Path::new(&format!("/proc/{pid}")).exists() {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let link = user.home.join("lnk");
+    std::os::unix::fs::symlink(&mnt, &link).unwrap();
+    let out = user.shardfs(&["unmount", link.to_str().unwrap()]);
+    assert!(
+        stderr(&out).contains("dead mount and has been cleared"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!is_mounted(&mnt));
+}
+
+/// The daemon of the user's mount at `mnt` (its command line names it).
+fn daemon_of(user: &User, mnt: &Path) -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    let wanted = mnt.to_str().unwrap();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let owner = entry.metadata().map(|m| m.uid()).ok();
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+        if owner == Some(user.uid)
+            && args.contains(&b"--foreground".as_slice())
+            && args.contains(&wanted.as_bytes())
+        {
+            return pid;
+        }
+    }
+    panic!("no daemon of {wanted}");
+}
+
+/// mount(8) runs the helper as root: root installing one that links to a binary a user
+/// may change (one in their venv, as `sudo $(which shardfs) install-mount-helper` would)
+/// is refused, and no helper is made (review of issue 20: it was linked).
+#[test]
+fn a_mount_helper_linking_to_a_users_binary_is_refused() {
+    let user = User::new();
+    let theirs = user.own_dir(&user.home.join("venv-bin")).join("shardfs");
+    std::fs::copy(user.bin(), &theirs).unwrap();
+    std::os::unix::fs::chown(&theirs, Some(user.uid), Some(user.gid)).unwrap();
+    let prefix = tempfile::tempdir().unwrap();
+    let out = run_timeout(
+        Command::new(&theirs)
+            .args(["install-mount-helper", "--prefix"])
+            .arg(prefix.path()),
+        Duration::from_secs(60),
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("would run it as root"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(std::fs::read_dir(prefix.path()).unwrap().count(), 0);
+}
+
+/// Runs `commands` one after the other (stopping at the first that fails) in a mount
+/// namespace of the test's own, after `setup` (shell lines run there as root); whatever
+/// is mounted there goes with it.
+fn in_namespace(setup: &[&str], commands: &[Command]) -> Output {
+    let quoted: Vec<String> = commands
+        .iter()
+        .map(|c| {
+            std::iter::once(c.get_program())
+                .chain(c.get_args())
+                .map(|a| format!("'{}'", a.to_string_lossy()))
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect();
+    let script = format!("set -e\n{}\n{}", setup.join("\n"), quoted.join("\n"));
+    run_timeout(
+        Command::new("unshare").args(["--mount", "--propagation", "private", "sh", "-c", &script]),
+        Duration::from_secs(120),
+    )
 }
 
 /// Unmounts (lazily) on drop, the test failing or not.
@@ -312,50 +533,65 @@ fn pip_install_shardfs_gives_the_binary_and_a_python_module() {
     let user = User::new();
     let venv = fresh_venv_with_the_wheel(&user);
     let python = venv.join("bin/python");
-    let version = Path::new(env!("CARGO_PKG_VERSION"));
-    // As root, then as the user (each on directories of its own).
-    let root_dir = tempfile::tempdir().unwrap();
-    let (b, m) = (root_dir.path().join("b"), root_dir.path().join("m"));
-    std::fs::create_dir_all(&b).unwrap();
-    std::fs::create_dir_all(&m).unwrap();
+    let example = readme_example();
+    // As root, then as the user, each in a home of its own.
+    let root_home = tempfile::tempdir().unwrap();
+    let _guard = Unmounted(root_home.path().join("zmnt"));
     let as_root = run_timeout(
         Command::new(&python)
-            .args(["-c", EXAMPLE])
-            .args([&b, &m, version]),
+            .args(["-c", &example])
+            .env("HOME", root_home.path()),
         Duration::from_secs(180),
     );
-    assert_ok(&as_root, "the example, as root");
-    check_img(&b);
+    assert_ok(&as_root, "the README's example, as root");
+    check_img(&root_home.path().join("zarr-data"));
+    let mnt = user.home.join("zmnt");
+    let _guard = Unmounted(mnt.clone());
+    let out = user.run(&python, &["-c", &example], &[]);
+    assert_ok(&out, "the README's example, as the user");
+    assert!(!is_mounted(&mnt));
+    check_img(&user.home.join("zarr-data"));
+    // The module's edges, as the user.
     let backing = user.own_dir(&user.home.join("b"));
     let mnt = user.own_dir(&user.home.join("m"));
     let _guard = Unmounted(mnt.clone());
+    let dashed = user.home.join("-m");
+    let _guard2 = Unmounted(dashed.clone());
     let out = user.run(
         &python,
         &[
             "-c",
-            EXAMPLE,
+            EDGES,
             backing.to_str().unwrap(),
             mnt.to_str().unwrap(),
             env!("CARGO_PKG_VERSION"),
         ],
         &[],
     );
-    assert_ok(&out, "the example, as the user");
-    assert!(!is_mounted(&mnt));
-    check_img(&backing);
+    assert_ok(&out, "the module's edges, as the user");
+    assert!(!is_mounted(&mnt) && !is_mounted(&dashed));
+    assert_eq!(std::fs::read(backing.join("note.txt")).unwrap(), b"x");
 }
 
-/// The README's example, then an error inside a block and a refused mount.
-const EXAMPLE: &str = "import sys, numpy as np, zarr, shardfs\n\
+/// The Python example of the README's Installing section, as written.
+fn readme_example() -> String {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let section = &readme[readme.find("## Installing").unwrap()..];
+    let start = section.find("```python\n").unwrap() + "```python\n".len();
+    let end = start + section[start..].find("```").unwrap();
+    let example = section[start..end].to_string();
+    assert!(example.contains("shardfs.mount("), "{example}");
+    example
+}
+
+/// The module's edges: an error in the block still unmounts, a refused mount raises with
+/// its message and the error crosses processes (pickled), relative paths and a block that
+/// changes directory, a mount point whose name starts with a dash, and the daemon's own
+/// options refused (review of issue 20: each failed).
+const EDGES: &str = "import os, pickle, sys, shardfs\n\
     b, m = sys.argv[1], sys.argv[2]\n\
     assert shardfs.__version__ == sys.argv[3], shardfs.__version__\n\
-    data = np.arange(512 * 512, dtype='uint16').reshape(512, 512)\n\
-    with shardfs.mount(b, m, chunks_per_shard=64) as m_:\n\
-    \x20   zarr.create_array(m_.path / 'img', shape=(512, 512), chunks=(64, 64), dtype='uint16')[:] = data\n\
-    \x20   assert m_.flush().startswith('flushed'), 'flush'\n\
-    \x20   stats = m_.stats()\n\
-    \x20   assert stats['pending_chunks'] == 0 and stats['shards_written'] >= 1, stats\n\
-    assert not m_.mounted\n\
     try:\n\
     \x20   with shardfs.mount(b, m) as m_:\n\
     \x20       raise KeyError('in the block')\n\
@@ -365,8 +601,25 @@ const EXAMPLE: &str = "import sys, numpy as np, zarr, shardfs\n\
     \x20   shardfs.mount(b, '/nonexistent/mountpoint')\n\
     except shardfs.ShardfsError as e:\n\
     \x20   assert e.returncode in (1, 2) and 'nonexistent' in e.message, e.message\n\
+    \x20   again = pickle.loads(pickle.dumps(e))\n\
+    \x20   assert (again.message, again.returncode, again.command) == (e.message, e.returncode, e.command)\n\
     else:\n\
-    \x20   sys.exit('a refused mount raised nothing')";
+    \x20   sys.exit('a refused mount raised nothing')\n\
+    os.chdir(os.path.dirname(m))\n\
+    with shardfs.mount(os.path.relpath(b), os.path.basename(m)) as m_:\n\
+    \x20   os.chdir('/')\n\
+    assert not m_.mounted\n\
+    os.chdir(os.path.dirname(m))\n\
+    os.makedirs('-m', exist_ok=True)\n\
+    with shardfs.mount(b, '-m', chunks_per_shard=8) as m_:\n\
+    \x20   (m_.path / 'note.txt').write_text('x')\n\
+    assert not m_.mounted\n\
+    try:\n\
+    \x20   shardfs.mount(b, m, foreground=True)\n\
+    except ValueError:\n\
+    \x20   pass\n\
+    else:\n\
+    \x20   sys.exit('foreground accepted')";
 
 /// BACKING's `img`, as the example wrote it: sharded, read natively.
 fn check_img(backing: &Path) {

@@ -44,6 +44,10 @@ class ShardfsError(RuntimeError):
         self.returncode = returncode
         self.message = message
 
+    def __reduce__(self):
+        # So that it crosses process boundaries (multiprocessing, dask) intact.
+        return (ShardfsError, (self.command, self.returncode, self.message))
+
 
 def binary():
     """The `shardfs` binary: the one this package installed, else the one on PATH."""
@@ -69,17 +73,41 @@ def _run(*args):
     return done.stdout
 
 
+# The daemon's own options: a mount from here always returns once it is live.
+_NOT_OPTIONS = {"foreground", "ready_fd"}
+
+
 def _options(options):
+    """`shardfs` options from keywords, each value attached (`--flag=value`) so that one
+    starting with `-` stays a value."""
     args = []
     for key, value in options.items():
+        if key in _NOT_OPTIONS:
+            raise ValueError(f"{key} is not an option of shardfs.mount")
         flag = "--" + key.replace("_", "-")
         if value is True:
             args.append(flag)
         elif value is False or value is None:
             continue
         else:
-            args += [flag, str(value)]
+            args.append(f"{flag}={value}")
     return args
+
+
+def _unescape(field):
+    # /proc/self/mountinfo writes space, tab, newline and backslash as octal escapes.
+    return field.encode().decode("unicode_escape").encode("latin-1").decode(
+        "utf-8", "surrogateescape")
+
+
+def _is_mount_point(path):
+    """Whether `path` is a mount point now (in this process's view)."""
+    path = os.path.realpath(path)
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+            return any(_unescape(line.split(" ")[4]) == path for line in f)
+    except OSError:
+        return True
 
 
 class Mount:
@@ -93,17 +121,23 @@ class Mount:
     def flush(self, below=None):
         """Writes every pending shard (below `below`, a path in the mount) now, durably;
         returns the summary line."""
-        args = ["flush", self.path] + ([below] if below is not None else [])
+        args = ["flush", "--", self.path] + ([below] if below is not None else [])
         return _run(*args).strip()
 
     def stats(self):
         """The mount's counters, as `shardfs stats --json` gives them."""
-        return json.loads(_run("stats", self.path, "--json"))
+        return json.loads(_run("stats", "--json", "--", self.path))
 
     def unmount(self, lazy=False, give_up=False):
         """Unmounts, after everything pending is written; raises when that fails (the mount
         then stays, nothing lost)."""
-        _run("unmount", self.path, *_options({"lazy": lazy, "give_up": give_up}))
+        try:
+            _run("unmount", *_options({"lazy": lazy, "give_up": give_up}), "--", self.path)
+        except ShardfsError:
+            # Some failures still unmount (a lazy unmount whose last file stays open
+            # long, a daemon that ended badly): what is true now is what counts.
+            self.mounted = _is_mount_point(self.path)
+            raise
         self.mounted = False
 
     def __enter__(self):
@@ -125,5 +159,10 @@ def mount(backing, mountpoint, **options):
     """Mounts `backing` (a directory or an object-store URL) at `mountpoint`, returning
     once the mount is live. `options` are `shardfs mount`'s: `chunks_per_shard=64`,
     `idle_flush=5`, `cache_dir=...`, `allow_other=True`."""
-    _run("mount", backing, mountpoint, *_options(options))
-    return Mount(str(backing), mountpoint)
+    backing = str(backing)
+    if "://" not in backing:
+        backing = os.path.abspath(backing)
+    # Absolute: the block may change the working directory before the unmount.
+    mountpoint = os.path.abspath(mountpoint)
+    _run("mount", *_options(options), "--", backing, mountpoint)
+    return Mount(backing, mountpoint)

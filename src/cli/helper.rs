@@ -111,6 +111,9 @@ fn translate(option: &str) -> Result<Vec<String>, String> {
 /// Links `prefix/mount.fuse.shardfs` to this binary, replacing an older link.
 pub fn install(prefix: &Path) -> io::Result<PathBuf> {
     let exe = std::env::current_exe()?.canonicalize()?;
+    if crate::runtime::is_root() {
+        only_root_may_change(&exe)?;
+    }
     let link = prefix.join(HELPER_NAME);
     match std::fs::remove_file(&link) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
@@ -118,6 +121,31 @@ pub fn install(prefix: &Path) -> io::Result<PathBuf> {
     }
     std::os::unix::fs::symlink(&exe, &link)?;
     Ok(link)
+}
+
+/// mount(8) runs the helper as root, so the binary it links to, and every directory above
+/// it, must be changeable by root alone: a binary in a user's venv (`sudo $(which
+/// shardfs) install-mount-helper`) would let that user run anything as root.
+fn only_root_may_change(exe: &Path) -> io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    for p in exe.ancestors() {
+        let m = std::fs::metadata(p)?;
+        let open = m.mode() & 0o022 != 0;
+        if m.uid() != 0 || open {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "{} may be changed by {} than root, and mount(8) would run it as root: \
+                     install shardfs where only root may write (e.g. `install -m 755 {} \
+                     /usr/local/bin/shardfs`) and run install-mount-helper from there",
+                    exe.display(),
+                    if open { "users other" } else { "a user other" },
+                    exe.display()
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -44,7 +44,7 @@ pub fn run(path: &Path, json: bool) -> Result<Verdict, CliError> {
             reports.push(r)
         }
         Err(e) => {
-            eprintln!("{display}: {e}");
+            say!("{display}: {e}");
             verdict = Verdict::Problems;
         }
     };

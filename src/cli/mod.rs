@@ -244,7 +244,7 @@ fn report_daemon(result: Result<(), crate::daemon::DaemonError>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("shardfs: {e}");
+            say!("shardfs: {e}");
             ExitCode::from(1)
         }
     }
@@ -279,19 +279,13 @@ fn mount(args: MountArgs, argv: Vec<std::ffi::OsString>) -> ExitCode {
             None => abs(&args.backing),
         },
         (Some(_), Some(dir)) => std::path::absolute(dir).unwrap_or_else(|_| dir.clone()),
-        (Some(url), None) => default_cache_dir(url),
+        (Some(_), None) => PathBuf::new(), // made below, once mounting is allowed
     };
-    if url.is_some()
-        && let Err(e) = std::fs::create_dir_all(&backing)
-    {
-        eprintln!("shardfs: {}: {e}", backing.display());
-        return ExitCode::from(2);
-    }
-    let config = MountConfig {
+    let mut config = MountConfig {
         object_url: url,
         multipart_above: args.multipart_above,
         endpoint: args.endpoint.clone(),
-        backing: abs(&backing),
+        backing,
         mountpoint: abs(&args.mountpoint),
         threads: args.threads,
         allow_other: args.allow_other,
@@ -299,12 +293,21 @@ fn mount(args: MountArgs, argv: Vec<std::ffi::OsString>) -> ExitCode {
         max_request_kb: args.max_request_kb,
         write: write_config(&args),
     };
-    if !config.backing.is_dir() {
-        eprintln!("shardfs: {} is not a directory", config.backing.display());
+    if let Err(why) = may_mount(&config) {
+        say!("shardfs: {why}");
         return ExitCode::from(2);
     }
-    if let Err(why) = may_mount(&config) {
-        eprintln!("shardfs: {why}");
+    if let Some(url) = &config.object_url {
+        match object_cache(url, args.cache_dir.is_none(), &config.backing) {
+            Ok(dir) => config.backing = abs(&dir),
+            Err(e) => {
+                say!("shardfs: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    if !config.backing.is_dir() {
+        say!("shardfs: {} is not a directory", config.backing.display());
         return ExitCode::from(2);
     }
     if args.foreground {
@@ -339,13 +342,11 @@ fn write_config(args: &MountArgs) -> crate::core::WriteConfig {
     }
 }
 
-/// The cache of an object store mounted without --cache-dir: one directory per URL.
 /// What keeps this user from mounting, said in one line with what to do, before anything
-/// is started: a user other than root mounts through fusermount3, needs `/dev/fuse`, may
-/// let others in only where /etc/fuse.conf allows it, and mounts on directories of their
-/// own (fusermount3 refuses the rest, less clearly, after the daemon has started).
+/// is started (or made): a user other than root mounts through fusermount3, needs
+/// `/dev/fuse`, may let others in only where /etc/fuse.conf allows it, and mounts where
+/// fusermount3 lets them (it refuses the rest, less clearly, after the daemon started).
 fn may_mount(config: &crate::daemon::MountConfig) -> Result<(), String> {
-    use std::os::unix::fs::MetadataExt;
     if let Err(e) = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -362,33 +363,87 @@ fn may_mount(config: &crate::daemon::MountConfig) -> Result<(), String> {
     }
     if crate::runtime::fusermount().is_none() {
         return Err(
-            "mounting as a user other than root needs fusermount3, which is not on PATH \
-             (Debian and Ubuntu: apt install fuse3; Fedora: dnf install fuse3)"
+            "mounting as a user other than root needs fusermount3, which was not found \
+             ($FUSERMOUNT_PATH, PATH, /bin, /sbin; Debian and Ubuntu: apt install fuse3; \
+             Fedora: dnf install fuse3)"
                 .into(),
         );
     }
-    let conf = std::fs::read_to_string("/etc/fuse.conf").unwrap_or_default();
-    if config.allow_other && !conf.lines().any(|l| l.trim() == "user_allow_other") {
+    if config.allow_other && fuse_conf_allows_other() == Some(false) {
         return Err(
             "--allow-other needs the line user_allow_other in /etc/fuse.conf (root may add \
              it); without it, mount without --allow-other"
                 .into(),
         );
     }
-    let uid = rustix::process::geteuid().as_raw();
-    match std::fs::metadata(&config.mountpoint) {
-        Ok(m) if m.uid() != uid => Err(format!(
-            "{} belongs to another user (uid {}): mount on a directory of your own",
-            config.mountpoint.display(),
-            m.uid()
-        )),
-        _ => Ok(()),
-    }
+    may_mount_on(&config.mountpoint)
 }
 
-fn default_cache_dir(url: &str) -> PathBuf {
-    let name: String = url
-        .chars()
+/// Whether /etc/fuse.conf has `user_allow_other`, read as fusermount3 reads it: a `#`
+/// starts a comment, blanks around are ignored, and a line without its newline (the last,
+/// or one too long) does not count. `None` when the file cannot be read by this user
+/// (some systems keep it 0640 for a group; fusermount3, set-user-ID, can: it decides).
+fn fuse_conf_allows_other() -> Option<bool> {
+    let conf = match std::fs::read("/etc/fuse.conf") {
+        Ok(c) => c,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Some(false),
+        Err(_) => return None,
+    };
+    Some(allows_other(&conf))
+}
+
+/// Whether a fuse.conf's text lets users mount with allow_other (`fuse_conf_allows_other`).
+fn allows_other(conf: &[u8]) -> bool {
+    conf.split_inclusive(|&b| b == b'\n').any(|l| {
+        let Some(l) = l.strip_suffix(b"\n").filter(|l| l.len() < 255) else {
+            return false;
+        };
+        let l = l.split(|&b| b == b'#').next().unwrap_or_default();
+        l.trim_ascii() == b"user_allow_other"
+    })
+}
+
+/// Whether fusermount3 lets this user mount on `mountpoint`: a directory they may write,
+/// and, if its sticky bit is set (as /tmp's), one of their own.
+fn may_mount_on(mountpoint: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(m) = std::fs::metadata(mountpoint) else {
+        return Ok(()); // said later, with the daemon's checks
+    };
+    let uid = rustix::process::geteuid().as_raw();
+    let shown = mountpoint.display();
+    if m.mode() & libc::S_ISVTX != 0 && m.uid() != uid {
+        return Err(format!(
+            "{shown} belongs to another user (uid {}) and is sticky: mount on a directory \
+             of your own",
+            m.uid()
+        ));
+    }
+    let writable = rustix::fs::access(mountpoint, rustix::fs::Access::WRITE_OK).is_ok();
+    if m.is_dir() && !writable {
+        return Err(format!(
+            "{shown} is not writable by you (owner uid {}): mount on a directory of your \
+             own, or one you may write",
+            m.uid()
+        ));
+    }
+    Ok(())
+}
+
+/// The local cache of an object store: `--cache-dir` as given (`given`), else one
+/// directory per URL in this user's cache directory. Made if missing.
+fn object_cache(url: &str, default: bool, given: &Path) -> std::io::Result<PathBuf> {
+    let dir = match default {
+        true => crate::runtime::cache_dir()?.join(url_dir_name(url)),
+        false => given.to_path_buf(),
+    };
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", dir.display())))?;
+    Ok(dir)
+}
+
+fn url_dir_name(url: &str) -> String {
+    url.chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || c == '-' {
                 c
@@ -396,8 +451,7 @@ fn default_cache_dir(url: &str) -> PathBuf {
                 '_'
             }
         })
-        .collect();
-    crate::runtime::cache_home().join("shardfs").join(name)
+        .collect()
 }
 
 pub fn main() -> ExitCode {
@@ -440,7 +494,7 @@ pub fn main() -> ExitCode {
         Ok(Verdict::Sound) => ExitCode::SUCCESS,
         Ok(Verdict::Problems) => ExitCode::from(1),
         Err(e) => {
-            eprintln!("shardfs: {e}");
+            say!("shardfs: {e}");
             ExitCode::from(2)
         }
     }
@@ -472,7 +526,7 @@ fn as_mount_helper(argv: Vec<std::ffi::OsString>) -> Result<Vec<std::ffi::OsStri
         Ok(Some(args)) => Ok(args.into_iter().map(Into::into).collect()),
         Ok(None) => Err(ExitCode::SUCCESS),
         Err(e) => {
-            eprintln!("{}: {e}", helper::HELPER_NAME);
+            say!("{}: {e}", helper::HELPER_NAME);
             Err(ExitCode::from(2))
         }
     }
@@ -487,16 +541,16 @@ fn install_mount_helper(prefix: &Path) -> ExitCode {
         Err(e)
             if !crate::runtime::is_root() && e.kind() == std::io::ErrorKind::PermissionDenied =>
         {
-            eprintln!(
+            say!(
                 "shardfs: {}: {e}: mount(8) runs helpers from /sbin and /usr/sbin, which \
-                 root installs into (`sudo shardfs install-mount-helper`); a user mounts with \
-                 `shardfs mount` instead",
+                 root installs into (`sudo /usr/local/bin/shardfs install-mount-helper`, from a \
+                 binary only root may change); a user mounts with `shardfs mount` instead",
                 prefix.display()
             );
             ExitCode::from(1)
         }
         Err(e) => {
-            eprintln!("shardfs: {}: {e}", prefix.display());
+            say!("shardfs: {}: {e}", prefix.display());
             ExitCode::from(1)
         }
     }
@@ -507,7 +561,7 @@ fn print_man() -> ExitCode {
     match clap_mangen::Man::new(cmd).render(&mut std::io::stdout()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("shardfs: {e}");
+            say!("shardfs: {e}");
             ExitCode::from(1)
         }
     }
@@ -521,9 +575,37 @@ fn flush(mountpoint: &Path, path: Option<&Path>) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e @ crate::daemon::DaemonError::Usage(_)) => {
-            eprintln!("shardfs: {e}");
+            say!("shardfs: {e}");
             ExitCode::from(2)
         }
         Err(e) => report_daemon(Err(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// fuse.conf is read as fusermount3 reads it (review of issue 20: a trailing comment
+    /// was taken for a missing line, a line without its newline for one that counts).
+    #[test]
+    fn fuse_conf_is_read_as_fusermount3_reads_it() {
+        assert!(allows_other(b"user_allow_other\n"));
+        assert!(allows_other(
+            b"# users may share\n  user_allow_other # let them\n"
+        ));
+        assert!(allows_other(b"\tuser_allow_other\t\n"));
+        assert!(!allows_other(b"#user_allow_other\n"));
+        assert!(
+            !allows_other(b"user_allow_other"),
+            "no newline: fusermount3 skips it"
+        );
+        assert!(!allows_other(b"user_allow_others\n"));
+        assert!(!allows_other(b""));
+        let long = format!("user_allow_other{}\n", " ".repeat(300));
+        assert!(
+            !allows_other(long.as_bytes()),
+            "too long for fusermount3's line"
+        );
     }
 }

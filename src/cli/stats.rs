@@ -16,7 +16,7 @@ pub fn run(mountpoint: &Path, json: bool, watch: bool, interval: f64) -> ExitCod
         let report = match crate::daemon::stats_report(mountpoint) {
             Ok(r) => r,
             Err(e) => {
-                eprintln!("shardfs: {e}");
+                say!("shardfs: {e}");
                 return ExitCode::from(2);
             }
         };

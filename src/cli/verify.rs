@@ -95,7 +95,7 @@ impl Checker {
         }
         match ChunkKeyEncoding::from_metadata(&array.chunk_key_encoding) {
             Err(KeyError::UnknownEncoding(name)) => {
-                eprintln!(
+                say!(
                     "{}: chunk keys not checked: unknown encoding {name:?}",
                     dir.display()
                 );
@@ -117,7 +117,7 @@ impl Checker {
                 return Ok(());
             }
             Err(e) => {
-                eprintln!("{}: shards not checked: {e}", dir.display());
+                say!("{}: shards not checked: {e}", dir.display());
                 return Ok(());
             }
         };
@@ -140,7 +140,7 @@ impl Checker {
             if len == 0 {
                 // Left by a crash before its data was synced; readers (shardfs, zarr-python)
                 // take it for a shard holding no chunk.
-                eprintln!("{}: empty shard file: holds no chunk", f.path.display());
+                say!("{}: empty shard file: holds no chunk", f.path.display());
                 continue;
             }
             match read_index(&file, len, &layout.index) {
