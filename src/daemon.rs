@@ -364,6 +364,7 @@ fn object_core(
 /// The daemon proper: mounts, reports through `ready`, serves until unmounted.
 pub fn run_foreground(config: &MountConfig, ready: Option<OwnedFd>) -> Result<(), DaemonError> {
     let mut ready = ready.map(fs::File::from);
+    // What the waiting `shardfs mount` is told: `ok`, or why not.
     let mut report = |msg: &str| {
         if let Some(f) = ready.as_mut() {
             let _ = f.write_all(msg.as_bytes());
@@ -374,18 +375,8 @@ pub fn run_foreground(config: &MountConfig, ready: Option<OwnedFd>) -> Result<()
         return Err(e);
     }
     let backing = fs::canonicalize(&config.backing).map_err(io_err(&config.backing))?;
-    let status_file = crate::runtime::dir().join(format!("{}.status", std::process::id()));
-    if let Some(dir) = status_file.parent() {
-        crate::runtime::ensure_private(dir).map_err(io_err(dir))?;
-    }
-    let _ = fs::remove_file(&status_file);
-    sweep_status_files(status_file.parent());
+    let status_file = prepare_process()?;
     let signals = block_signals();
-    raise_fd_limit();
-    // The kernel applied each caller's umask to the modes it sends; the daemon's own would
-    // be applied again on top (a group directory made 2775 came out 2755). Every file the
-    // daemon makes for itself is given its mode explicitly.
-    rustix::process::umask(rustix::fs::Mode::empty());
     let daemon = DaemonInfo {
         pid: std::process::id(),
         status_file: status_file.clone(),
@@ -424,7 +415,14 @@ pub fn run_foreground(config: &MountConfig, ready: Option<OwnedFd>) -> Result<()
     report("ok\n");
     drop(ready);
     let _ = notifier.set(session.notifier());
-    let result = match session.run() {
+    let result = serve(session);
+    flusher.stop();
+    finish(&core, result, &status_file, &config.mountpoint)
+}
+
+/// Serves the mount's requests until it is unmounted.
+fn serve(session: Session<FuseAdapter>) -> io::Result<()> {
+    match session.run() {
         // The kernel tears the connection down at unmount; a thread that had just taken a
         // request off its queue then reads ECONNABORTED instead of ENODEV. Either way the
         // session is over, as asked.
@@ -433,9 +431,24 @@ pub fn run_foreground(config: &MountConfig, ready: Option<OwnedFd>) -> Result<()
             Ok(())
         }
         r => r,
-    };
-    flusher.stop();
-    finish(&core, result, &status_file, &config.mountpoint)
+    }
+}
+
+/// The daemon's process made ready to serve: its status file's place (returned) private
+/// and cleared, its descriptor limit raised, its umask cleared.
+fn prepare_process() -> Result<PathBuf, DaemonError> {
+    let status_file = crate::runtime::dir().join(format!("{}.status", std::process::id()));
+    if let Some(dir) = status_file.parent() {
+        crate::runtime::ensure_private(dir).map_err(io_err(dir))?;
+    }
+    let _ = fs::remove_file(&status_file);
+    sweep_status_files(status_file.parent());
+    raise_fd_limit();
+    // The kernel applied each caller's umask to the modes it sends; the daemon's own would
+    // be applied again on top (a group directory made 2775 came out 2755). Every file the
+    // daemon makes for itself is given its mode explicitly.
+    rustix::process::umask(rustix::fs::Mode::empty());
+    Ok(status_file)
 }
 
 /// The core that serves the mount: over BACKING or an object store, with its journal,

@@ -250,19 +250,45 @@ fn report_daemon(result: Result<(), crate::daemon::DaemonError>) -> ExitCode {
     }
 }
 
+/// Canonical paths: the mount table and the checks compare them byte for byte. A dead
+/// mount point cannot be canonicalized; its absolute path is used then.
+fn abs(p: &Path) -> PathBuf {
+    std::fs::canonicalize(p)
+        .or_else(|_| std::path::absolute(p))
+        .unwrap_or_else(|_| p.to_path_buf())
+}
+
 /// `argv`: the command line in `shardfs mount …` form (the daemon gets it too).
 fn mount(args: MountArgs, argv: Vec<std::ffi::OsString>) -> ExitCode {
-    use crate::daemon::{MountConfig, run_foreground, spawn_daemon};
+    use crate::daemon::{run_foreground, spawn_daemon};
     use crate::runtime::default_log_file;
     use std::os::fd::{FromRawFd, OwnedFd};
 
-    // Canonical paths: the mount table and the checks compare them byte for byte. A dead
-    // mount point cannot be canonicalized; its absolute path is used then.
-    let abs = |p: &Path| {
-        std::fs::canonicalize(p)
-            .or_else(|_| std::path::absolute(p))
-            .unwrap_or_else(|_| p.to_path_buf())
+    let config = match allowed_mount(&args) {
+        Ok(config) => config,
+        Err(why) => {
+            say!("shardfs: {why}");
+            return ExitCode::from(2);
+        }
     };
+    if args.foreground {
+        let _log = crate::logging::init();
+        // SAFETY: the parent passed this descriptor for us alone.
+        let ready = args.ready_fd.map(|fd| unsafe { OwnedFd::from_raw_fd(fd) });
+        return report_daemon(run_foreground(&config, ready));
+    }
+    let log_file = args
+        .log_file
+        .clone()
+        .unwrap_or_else(|| default_log_file(&config.mountpoint));
+    // The daemon gets the same arguments, plus --foreground.
+    let child_args: Vec<std::ffi::OsString> = argv.into_iter().skip(1).collect();
+    report_daemon(spawn_daemon(&config, &child_args, &log_file))
+}
+
+/// The mount asked for, once this user may mount it (`may_mount`) and its BACKING is a
+/// directory (an object store's cache made then); else why not, in one line.
+fn allowed_mount(args: &MountArgs) -> Result<crate::daemon::MountConfig, String> {
     let url = args
         .backing
         .to_str()
@@ -281,7 +307,7 @@ fn mount(args: MountArgs, argv: Vec<std::ffi::OsString>) -> ExitCode {
         (Some(_), Some(dir)) => std::path::absolute(dir).unwrap_or_else(|_| dir.clone()),
         (Some(_), None) => PathBuf::new(), // made below, once mounting is allowed
     };
-    let mut config = MountConfig {
+    let mut config = crate::daemon::MountConfig {
         object_url: url,
         multipart_above: args.multipart_above,
         endpoint: args.endpoint.clone(),
@@ -291,38 +317,18 @@ fn mount(args: MountArgs, argv: Vec<std::ffi::OsString>) -> ExitCode {
         allow_other: args.allow_other,
         read_ahead_kb: args.read_ahead_kb,
         max_request_kb: args.max_request_kb,
-        write: write_config(&args),
+        write: write_config(args),
     };
-    if let Err(why) = may_mount(&config) {
-        say!("shardfs: {why}");
-        return ExitCode::from(2);
-    }
+    may_mount(&config)?;
     if let Some(url) = &config.object_url {
-        match object_cache(url, args.cache_dir.is_none(), &config.backing) {
-            Ok(dir) => config.backing = abs(&dir),
-            Err(e) => {
-                say!("shardfs: {e}");
-                return ExitCode::from(2);
-            }
-        }
+        let dir = object_cache(url, args.cache_dir.is_none(), &config.backing)
+            .map_err(|e| e.to_string())?;
+        config.backing = abs(&dir);
     }
     if !config.backing.is_dir() {
-        say!("shardfs: {} is not a directory", config.backing.display());
-        return ExitCode::from(2);
+        return Err(format!("{} is not a directory", config.backing.display()));
     }
-    if args.foreground {
-        let _log = crate::logging::init();
-        // SAFETY: the parent passed this descriptor for us alone.
-        let ready = args.ready_fd.map(|fd| unsafe { OwnedFd::from_raw_fd(fd) });
-        return report_daemon(run_foreground(&config, ready));
-    }
-    let log_file = args
-        .log_file
-        .clone()
-        .unwrap_or_else(|| default_log_file(&config.mountpoint));
-    // The daemon gets the same arguments, plus --foreground.
-    let child_args: Vec<std::ffi::OsString> = argv.into_iter().skip(1).collect();
-    report_daemon(spawn_daemon(&config, &child_args, &log_file))
+    Ok(config)
 }
 
 /// How the mount writes, from its options.

@@ -510,8 +510,29 @@ impl ShardFs {
             .iter()
             .filter_map(|e| e.name.to_str().map(str::to_string))
             .collect();
-        // Key directories made with mkdir, holding only files in memory, or holding files
-        // of BACKING that are not part of the key tree.
+        for name in self.unstored_key_dirs(array, node, rel, &shown)? {
+            if matches!(
+                array.classify_name(node, &name),
+                ArrayName::Key(KeyNode::Dir(_))
+            ) && !shown.contains(&name)
+            {
+                out.push(ListEntry::new(&name, FileType::Dir));
+                shown.insert(name);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Names below key directory `rel` that may be key directories no shard shows (not in
+    /// `shown`): made with mkdir, holding only files in memory, or holding files of
+    /// BACKING that are not part of the key tree. Checked by the caller.
+    fn unstored_key_dirs(
+        &self,
+        array: &Arc<ArrayState>,
+        node: &KeyNode,
+        rel: &Path,
+        shown: &std::collections::HashSet<String>,
+    ) -> Result<Vec<String>, FsError> {
         let with_extras: Vec<String> = self
             .backing
             .list(rel)?
@@ -530,29 +551,20 @@ impl ShardFs {
                 }
             })
             .collect();
-        for name in self
+        let held = self.temps.all_files().into_iter().filter_map(|(p, _)| {
+            let sub = p.strip_prefix(rel).ok()?;
+            let mut parts = sub.components();
+            let first = parts.next()?;
+            parts.next()?;
+            first.as_os_str().to_str().map(str::to_string)
+        });
+        Ok(self
             .temps
             .dirs_in(rel)
             .into_iter()
             .chain(with_extras)
-            .chain(self.temps.all_files().into_iter().filter_map(|(p, _)| {
-                let sub = p.strip_prefix(rel).ok()?;
-                let mut parts = sub.components();
-                let first = parts.next()?;
-                parts.next()?;
-                first.as_os_str().to_str().map(str::to_string)
-            }))
-        {
-            if matches!(
-                array.classify_name(node, &name),
-                ArrayName::Key(KeyNode::Dir(_))
-            ) && !shown.contains(&name)
-            {
-                out.push(ListEntry::new(&name, FileType::Dir));
-                shown.insert(name);
-            }
-        }
-        Ok(out)
+            .chain(held)
+            .collect())
     }
 
     fn backing_listing(
@@ -604,73 +616,8 @@ impl ShardFs {
         if self.revalidated(&info) {
             info = self.node(ino)?;
         }
-        let truncate = writable && flags & libc::O_TRUNC != 0;
         let mut handle = FileHandle::new(ino, writable);
-        // Whether the kernel may keep pages between opens, and whether reads bypass it.
-        let (keep_cache, direct_io) = match &info.kind {
-            NodeKind::File
-                if writable && info.rel.file_name() == Some(OsStr::new(METADATA_FILE)) =>
-            {
-                self.open_plain_document(&info, truncate, &mut handle, by)?;
-                (false, false)
-            }
-            NodeKind::File => (
-                self.open_backing_file(&info, flags, truncate, &mut handle, by)?,
-                false,
-            ),
-            NodeKind::ArrayMeta(array) => {
-                if writable {
-                    // BACKING's file, written by the mount as root: checked on the file
-                    // really there (the kernel checked a view it cached).
-                    let doc = self.backing.stat(&array.rel.join(METADATA_FILE))?;
-                    let doc = doc.ok_or(FsError::NotFound)?;
-                    crate::backing::may_open(&doc, by, false, true)?;
-                }
-                let view = array.view_json.clone();
-                (
-                    self.open_document(&info, view, truncate, &mut handle),
-                    false,
-                )
-            }
-            NodeKind::GroupMeta(group) => {
-                let view = group.json.clone();
-                (
-                    self.open_document(&info, view, truncate, &mut handle),
-                    false,
-                )
-            }
-            NodeKind::Control => {
-                handle.bytes = Some(self.control_json());
-                (false, true)
-            }
-            NodeKind::Temp(file) => {
-                if truncate {
-                    let delta = file.change(|d| d.truncate(0)).unwrap_or(0);
-                    self.charge_temp(file, delta);
-                }
-                if writable {
-                    // A writer from open to FLUSH: the content is not final meanwhile.
-                    handle.mark_dirty(file);
-                }
-                (true, false)
-            }
-            NodeKind::Chunk { array, coords } => {
-                if writable {
-                    // A chunk's mode is its array's (its directory's, really there).
-                    self.may_write_array(array, super::namespace::Caller::asking(by))?;
-                    let _ = handle.array.set(array.clone());
-                    self.inodes.changed_here(ino);
-                }
-                self.open_chunk(array, coords, truncate, &mut handle)?;
-                self.chunk_caching(ino, &handle)
-            }
-            NodeKind::Dir | NodeKind::ArrayDir(_) | NodeKind::ChunkDir { .. } => {
-                return Err(FsError::IsDir);
-            }
-            NodeKind::Symlink | NodeKind::Other => {
-                return Err(FsError::Unsupported("opening a special file"));
-            }
-        };
+        let (keep_cache, direct_io) = self.open_node(&info, flags, &mut handle, by)?;
         // A document of an object store may be another node's new one at the next open:
         // read past the kernel's cache (which a retry after a refused write would read).
         let document =
@@ -680,6 +627,90 @@ impl ShardFs {
             keep_cache: keep_cache && !document,
             direct_io: direct_io || document,
         })
+    }
+
+    /// Opens the node `info` into `handle`, by its kind. Returns whether the kernel may
+    /// keep pages between opens, and whether reads bypass it.
+    fn open_node(
+        &self,
+        info: &NodeInfo,
+        flags: i32,
+        handle: &mut FileHandle,
+        by: crate::backing::Asker,
+    ) -> Result<(bool, bool), FsError> {
+        let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let truncate = writable && flags & libc::O_TRUNC != 0;
+        Ok(match &info.kind {
+            NodeKind::File
+                if writable && info.rel.file_name() == Some(OsStr::new(METADATA_FILE)) =>
+            {
+                self.open_plain_document(info, truncate, handle, by)?;
+                (false, false)
+            }
+            NodeKind::File => (
+                self.open_backing_file(info, flags, truncate, handle, by)?,
+                false,
+            ),
+            NodeKind::ArrayMeta(array) => {
+                if writable {
+                    self.may_write_document(array, by)?;
+                }
+                let view = array.view_json.clone();
+                (self.open_document(info, view, truncate, handle), false)
+            }
+            NodeKind::GroupMeta(group) => {
+                let view = group.json.clone();
+                (self.open_document(info, view, truncate, handle), false)
+            }
+            NodeKind::Control => {
+                handle.bytes = Some(self.control_json());
+                (false, true)
+            }
+            NodeKind::Temp(file) => {
+                self.open_temp(file, truncate, handle);
+                (true, false)
+            }
+            NodeKind::Chunk { array, coords } => {
+                if writable {
+                    // A chunk's mode is its array's (its directory's, really there).
+                    self.may_write_array(array, super::namespace::Caller::asking(by))?;
+                    let _ = handle.array.set(array.clone());
+                    self.inodes.changed_here(info.ino);
+                }
+                self.open_chunk(array, coords, truncate, handle)?;
+                self.chunk_caching(info.ino, handle)
+            }
+            NodeKind::Dir | NodeKind::ArrayDir(_) | NodeKind::ChunkDir { .. } => {
+                return Err(FsError::IsDir);
+            }
+            NodeKind::Symlink | NodeKind::Other => {
+                return Err(FsError::Unsupported("opening a special file"));
+            }
+        })
+    }
+
+    /// Whether `by` may write `array`'s `zarr.json`: BACKING's file, written by the mount
+    /// as root, checked on the file really there (the kernel checked a view it cached).
+    fn may_write_document(
+        &self,
+        array: &ArrayState,
+        by: crate::backing::Asker,
+    ) -> Result<(), FsError> {
+        let doc = self.backing.stat(&array.rel.join(METADATA_FILE))?;
+        let doc = doc.ok_or(FsError::NotFound)?;
+        Ok(crate::backing::may_open(&doc, by, false, true)?)
+    }
+
+    /// A temporary file inside an array, opened (emptied first when `truncate`).
+    fn open_temp(&self, file: &Arc<MemFile>, truncate: bool, handle: &mut FileHandle) {
+        if truncate {
+            let delta = file.change(|d| d.truncate(0)).unwrap_or(0);
+            self.charge_temp(file, delta);
+        }
+        if handle.writable {
+            // A writer from open to FLUSH: the content is not final meanwhile.
+            handle.mark_dirty(file);
+        }
     }
 
     /// A plain directory's `zarr.json` opened to be written in place: held in memory,

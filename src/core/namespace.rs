@@ -543,28 +543,10 @@ impl ShardFs {
                     "removal of the control file",
                 ));
             }
-            NodeKind::ArrayMeta(array) => {
-                // The metadata goes last: everything pending is written, durably, while it
-                // is there.
-                self.settle_durably(&array.rel)?;
-                self.remove_whole(&rel)?;
-                self.prune_key_dirs(array, &array.rel, &KeyNode::Root);
-                self.shards.forget_array(&array.rel);
-                self.temps.forget_below(&array.rel);
-                self.inodes.bump_generation();
-            }
+            NodeKind::ArrayMeta(array) => self.unlink_array_document(array, &rel)?,
             NodeKind::Chunk { array, coords } => {
                 self.detach_name(parent, name, &kind, &rel);
-                if !self.shards.delete(&self.backing, array, coords)? {
-                    return Err(FsError::NotFound);
-                }
-                // The name is gone: a shard that cannot be written now (a full disk) is
-                // not this unlink's failure (an error would leave the kernel the name);
-                // the removal waits in memory, and the next fsync or flush reports it.
-                if let Err(e) = self.complete_if_ready(array, coords, false) {
-                    warn!(array = %array.rel.display(), "shard write after an unlink failed, kept in memory: {e}");
-                }
-                return Ok(());
+                return self.unlink_chunk(array, coords);
             }
             NodeKind::Temp(_) => {
                 self.detach_name(parent, name, &kind, &rel);
@@ -585,6 +567,32 @@ impl ShardFs {
             }
         }
         self.detach_name(parent, name, &kind, &rel);
+        Ok(())
+    }
+
+    /// An array's `zarr.json` removed. The metadata goes last: everything pending is
+    /// written, durably, while it is there.
+    fn unlink_array_document(&self, array: &ArrayState, rel: &Path) -> Result<(), FsError> {
+        self.settle_durably(&array.rel)?;
+        self.remove_whole(rel)?;
+        self.prune_key_dirs(array, &array.rel, &KeyNode::Root);
+        self.shards.forget_array(&array.rel);
+        self.temps.forget_below(&array.rel);
+        self.inodes.bump_generation();
+        Ok(())
+    }
+
+    /// A chunk removed (its name detached already).
+    fn unlink_chunk(&self, array: &Arc<ArrayState>, coords: &[u64]) -> Result<(), FsError> {
+        if !self.shards.delete(&self.backing, array, coords)? {
+            return Err(FsError::NotFound);
+        }
+        // The name is gone: a shard that cannot be written now (a full disk) is not this
+        // unlink's failure (an error would leave the kernel the name); the removal waits
+        // in memory, and the next fsync or flush reports it.
+        if let Err(e) = self.complete_if_ready(array, coords, false) {
+            warn!(array = %array.rel.display(), "shard write after an unlink failed, kept in memory: {e}");
+        }
         Ok(())
     }
 

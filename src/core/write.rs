@@ -15,7 +15,7 @@ use super::array::ArrayState;
 use super::attr::Attr;
 use super::error::FsError;
 use super::handle::Handle;
-use super::inode::{Ino, NodeKind};
+use super::inode::{Ino, NodeInfo, NodeKind};
 use super::memfile::{MAX_METADATA_BYTES, MemFile};
 use super::shards::{ChunkData, WriteMode};
 use crate::backing::AttrChange;
@@ -239,40 +239,45 @@ impl ShardFs {
                     h.mark_dirty(f);
                     return Ok(());
                 }
-                let _gate = self.gate.exclusive();
-                self.still_where_made(f)?;
-                let content = f.snapshot().data;
-                let bytes: Vec<u8> = content.read(0, content.len());
-                let dir = info.rel.parent().unwrap_or(Path::new("")).to_path_buf();
-                let committed = self.commit_metadata(&dir, &bytes, Some(f.with(|s| s.changed)));
-                // Stored or refused, the document leaves memory (a refused one is the
-                // writer's to fix, told by the error of this close, as is one another node
-                // replaced since this mount read it); one that could not be written stays,
-                // for a retry.
-                if let Err(e) = committed {
-                    if matches!(&e, FsError::Refused(r) if r.rule == Rule::InvalidArrayMetadata)
-                        || e.lost_to_another_node()
-                    {
-                        self.drop_temp_if(&info.rel, f);
-                        // The name shows what it held before (a document kept), or nothing.
-                        match self.resolve_path(&info.rel) {
-                            Ok(kind) => {
-                                self.inodes.rekind_file(f, kind);
-                            }
-                            Err(_) => {
-                                self.inodes.detach(info.parent, &info.name, None);
-                            }
-                        }
-                    }
-                    return Err(e);
-                }
-                // Only this document: a newer one may have taken the name meanwhile.
-                self.drop_temp_if(&info.rel, f);
-                self.inodes.rekind_file(f, self.resolve_path(&info.rel)?);
-                Ok(())
+                self.commit_held_document(&info, f)
             }
             _ => Ok(()),
         }
+    }
+
+    /// A `zarr.json` held in memory, written at its close: committed as the array's or
+    /// group's metadata. Stored or refused, the document leaves memory (a refused one is
+    /// the writer's to fix, told by the error of this close, as is one another node
+    /// replaced since this mount read it); one that could not be written stays, for a
+    /// retry.
+    fn commit_held_document(&self, info: &NodeInfo, f: &Arc<MemFile>) -> Result<(), FsError> {
+        let _gate = self.gate.exclusive();
+        self.still_where_made(f)?;
+        let content = f.snapshot().data;
+        let bytes: Vec<u8> = content.read(0, content.len());
+        let dir = info.rel.parent().unwrap_or(Path::new("")).to_path_buf();
+        let committed = self.commit_metadata(&dir, &bytes, Some(f.with(|s| s.changed)));
+        if let Err(e) = committed {
+            if matches!(&e, FsError::Refused(r) if r.rule == Rule::InvalidArrayMetadata)
+                || e.lost_to_another_node()
+            {
+                self.drop_temp_if(&info.rel, f);
+                // The name shows what it held before (a document kept), or nothing.
+                match self.resolve_path(&info.rel) {
+                    Ok(kind) => {
+                        self.inodes.rekind_file(f, kind);
+                    }
+                    Err(_) => {
+                        self.inodes.detach(info.parent, &info.name, None);
+                    }
+                }
+            }
+            return Err(e);
+        }
+        // Only this document: a newer one may have taken the name meanwhile.
+        self.drop_temp_if(&info.rel, f);
+        self.inodes.rekind_file(f, self.resolve_path(&info.rel)?);
+        Ok(())
     }
 
     /// RELEASE: the last close of a handle. A handle that wrote and was never flushed (the

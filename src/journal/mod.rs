@@ -772,6 +772,32 @@ impl Journal {
 
 /// Puts the chunk records of the file at `path` that are not `retired` into `out`, with
 /// the layouts they name. Returns how many, and whether some were retired.
+/// A record's change of a chunk: its layout, id, coordinates, what it replaced and when,
+/// and the new content (`None`: removed).
+type ChunkChange = (u32, u64, Vec<u64>, (record::Was, u64), Option<Bytes>);
+
+/// The change of a chunk a record makes; `None` for records of other kinds.
+fn chunk_change(r: record::Record) -> Option<ChunkChange> {
+    match r {
+        record::Record::Chunk {
+            layout,
+            id,
+            coords,
+            was,
+            at,
+            data,
+        } => Some((layout, id, coords, (was, at), Some(data))),
+        record::Record::Gone {
+            layout,
+            id,
+            coords,
+            was,
+            at,
+        } => Some((layout, id, coords, (was, at), None)),
+        _ => None,
+    }
+}
+
 fn replayed_from(
     path: &Path,
     records: Vec<record::Record>,
@@ -792,22 +818,10 @@ fn replayed_from(
                 layouts.insert(id, (PathBuf::from(array), instance, meta));
                 continue;
             }
-            record::Record::Chunk {
-                layout,
-                id,
-                coords,
-                was,
-                at,
-                data,
-            } => (layout, id, coords, (was, at), Some(data)),
-            record::Record::Gone {
-                layout,
-                id,
-                coords,
-                was,
-                at,
-            } => (layout, id, coords, (was, at), None),
-            record::Record::Retire { .. } => continue,
+            r => match chunk_change(r) {
+                Some(change) => change,
+                None => continue,
+            },
         };
         let Some((array, instance, meta)) = layouts.get(&layout) else {
             continue;

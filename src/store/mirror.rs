@@ -372,27 +372,12 @@ fn pull_dir(
         if (dir.as_os_str().is_empty() && name.starts_with(".shardfs")) || is_array {
             continue;
         }
-        let (bytes, info) = match store.get(&key, MAX_MIRRORED) {
-            Ok(Some(got)) => got,
-            // Removed since it was listed.
-            Ok(None) => continue,
-            Err(StoreError::Io(e)) if e.raw_os_error() == Some(libc::EFBIG) => {
-                found.skipped.push(key.display().to_string());
-                warn!(key = %key.display(), "larger than {MAX_MIRRORED} bytes: not shown");
-                continue;
-            }
-            Err(e) => return Err(e),
+        let Some(bytes) = pull_file(store, local, &key, found)? else {
+            continue;
         };
         if name == "zarr.json" {
             found.documents += 1;
             is_array = is_array_document(&bytes);
-        }
-        match local.write_atomic(&key, &[bytes], false, None) {
-            Ok(_) => {
-                found.tags.insert(key, info.tag);
-            }
-            Err(e) if unshowable(&e) => skip(found, &key, &e),
-            Err(e) => return Err(e.into()),
         }
     }
     if is_array {
@@ -407,6 +392,38 @@ fn pull_dir(
         pull_dir(store, local, &join_rel(dir, name.as_ref()), found)?;
     }
     Ok(())
+}
+
+/// Copies the store's file `key` into the mirror; returns its bytes (also when the mirror
+/// cannot hold its name, skipped), or `None` when removed since listed or too large.
+fn pull_file(
+    store: &dyn Store,
+    local: &Backing,
+    key: &Path,
+    found: &mut Mirrored,
+) -> Result<Option<Bytes>, StoreError> {
+    let (bytes, info) = match store.get(key, MAX_MIRRORED) {
+        Ok(Some(got)) => got,
+        // Removed since it was listed.
+        Ok(None) => return Ok(None),
+        Err(StoreError::Io(e)) if e.raw_os_error() == Some(libc::EFBIG) => {
+            found.skipped.push(key.display().to_string());
+            warn!(key = %key.display(), "larger than {MAX_MIRRORED} bytes: not shown");
+            return Ok(None);
+        }
+        Err(e) => return Err(e),
+    };
+    match local.write_atomic(key, std::slice::from_ref(&bytes), false, None) {
+        Ok(_) => {
+            found.tags.insert(key.to_path_buf(), info.tag);
+            Ok(Some(bytes))
+        }
+        Err(e) if unshowable(&e) => {
+            skip(found, key, &e);
+            Ok(Some(bytes))
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 fn is_array_document(bytes: &Bytes) -> bool {

@@ -166,15 +166,8 @@ impl ShardRegistry {
             .zip(array.layout.chunks_per_shard())
             .map(|(c, n)| c / n)
             .collect();
-        let mut found: BTreeSet<u64> = BTreeSet::new();
         let in_memory = self.shards_in_memory(array, &shard_prefix);
-        for shard in &in_memory {
-            let _all_visited = self.visit_shard(backing, array, shard, prefix, &mut |coords| {
-                found.insert(coords[depth]);
-                add(&coords);
-                ControlFlow::Continue(())
-            })?;
-        }
+        let mut found = self.visit_all(backing, array, &in_memory, prefix, add)?;
         for s in array.shard_coords_below(&*self.store, &shard_prefix)? {
             // The entries shard index `s` of this coordinate can hold.
             let start = s.saturating_mul(cps);
@@ -214,6 +207,27 @@ impl ShardRegistry {
             }
         }
         Ok(())
+    }
+
+    /// Visits the children of `prefix` in each of `shards`; returns the coordinates seen at
+    /// its depth.
+    fn visit_all(
+        &self,
+        backing: &Backing,
+        array: &Arc<ArrayState>,
+        shards: &BTreeSet<Vec<u64>>,
+        prefix: &[u64],
+        add: &mut dyn FnMut(&[u64]),
+    ) -> Result<BTreeSet<u64>, FsError> {
+        let mut found = BTreeSet::new();
+        for shard in shards {
+            let _all_visited = self.visit_shard(backing, array, shard, prefix, &mut |coords| {
+                found.insert(coords[prefix.len()]);
+                add(&coords);
+                ControlFlow::Continue(())
+            })?;
+        }
+        Ok(found)
     }
 
     /// The shards below `shard_prefix` that hold chunks in memory.

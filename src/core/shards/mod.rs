@@ -635,36 +635,10 @@ impl ShardRegistry {
             }
             return Ok(m);
         }
-        // The stored content, opened unchanged, keeps the time its shard gives it (0: not
-        // known); anything else is a new content of the chunk, from now.
-        let mut since = None;
-        let base = if truncate || st.deleted.contains(&loc.pos) {
-            FileData::default()
+        let (base, since) = if truncate || st.deleted.contains(&loc.pos) {
+            (FileData::default(), None)
         } else {
-            match self.open_stored_now(&slot, &loc.shard, &mut st)? {
-                None => FileData::default(),
-                Some(open) => match &open.stored.index {
-                    Ok(index) => match index.get(loc.pos) {
-                        Some(range) => {
-                            let stamps = self.stamps_of(&open);
-                            since = Some(stamps.and_then(|s| s.get(loc.pos).copied()).unwrap_or(0));
-                            FileData::from_bytes(Bytes::from(crate::shard::read_whole_chunk(
-                                &open.file,
-                                range,
-                                crate::limits::MAX_FILE_BYTES,
-                            )?))
-                        }
-                        None => FileData::default(),
-                    },
-                    Err(reason) => {
-                        return Err(FsError::damaged_shard(
-                            &array.chunk_rel(coords),
-                            &self.describe(&array.shard_rel(&loc.shard)),
-                            reason,
-                        ));
-                    }
-                },
-            }
+            self.stored_content(&slot, array, coords, &mut st)?
         };
         let m = Arc::new(MemFile::new(base, 0o644));
         if let Some(t) = since {
@@ -676,6 +650,40 @@ impl ShardRegistry {
         st.pending.insert(loc.pos, m.clone());
         st.last_change = Some(Instant::now());
         Ok(m)
+    }
+
+    /// The stored content of the chunk at `coords` (empty if none), with the time its shard
+    /// gives it (0: not known), to be opened unchanged; anything else is a new content of
+    /// the chunk, from now (`None`).
+    fn stored_content(
+        &self,
+        slot: &ShardSlot,
+        array: &ArrayState,
+        coords: &[u64],
+        st: &mut ShardState,
+    ) -> Result<(FileData, Option<u64>), FsError> {
+        let loc = array.layout.locate(coords);
+        let Some(open) = self.open_stored_now(slot, &loc.shard, st)? else {
+            return Ok((FileData::default(), None));
+        };
+        let index = match &open.stored.index {
+            Ok(index) => index,
+            Err(reason) => {
+                return Err(FsError::damaged_shard(
+                    &array.chunk_rel(coords),
+                    &self.describe(&array.shard_rel(&loc.shard)),
+                    reason,
+                ));
+            }
+        };
+        let Some(range) = index.get(loc.pos) else {
+            return Ok((FileData::default(), None));
+        };
+        let stamps = self.stamps_of(&open);
+        let since = stamps.and_then(|s| s.get(loc.pos).copied()).unwrap_or(0);
+        let bytes =
+            crate::shard::read_whole_chunk(&open.file, range, crate::limits::MAX_FILE_BYTES)?;
+        Ok((FileData::from_bytes(Bytes::from(bytes)), Some(since)))
     }
 
     /// Makes `file` the content of the chunk at `coords` (a rename onto its key), marking

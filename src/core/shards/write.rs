@@ -190,20 +190,14 @@ impl ShardRegistry {
                 (array, result)
             }
             Whereabouts::Lost(why) => {
-                if let (Some(j), Some(f)) = (&journal, &finishing) {
-                    j.body_abandoned(f);
-                }
-                (
-                    slot.array.clone(),
-                    Err(FsError::Io(std::io::Error::other(why))),
-                )
+                abandon_body(journal.as_deref(), finishing.as_ref());
+                let lost = Err(FsError::Io(std::io::Error::other(why)));
+                (slot.array.clone(), lost)
             }
             // Nothing to write: what was taken leaves as if written, and its records retire
             // (a replay would drop them, their array being gone).
             Whereabouts::Gone => {
-                if let (Some(j), Some(f)) = (&journal, &finishing) {
-                    j.body_abandoned(f);
-                }
+                abandon_body(journal.as_deref(), finishing.as_ref());
                 let gone = Written {
                     stored: None,
                     from_body: false,
@@ -620,19 +614,7 @@ impl ShardJob<'_> {
         {
             warn!(shard = %self.rel.display(), "shard written, left the daemon's: {e}");
         }
-        // The shard is in place, and the body (with every record in it) gone from the
-        // journal: from here on a failure only means that this is not durable yet.
-        let durable = self
-            .backing
-            .sync_dir_chain(key.dir_rel())
-            .and_then(|_| {
-                self.backing
-                    .sync_dir(Path::new(crate::journal::JOURNAL_DIR))
-            })
-            .inspect_err(
-                |e| warn!(shard = %self.rel.display(), "shard written, not yet durable: {e}"),
-            )
-            .is_ok();
+        let durable = self.body_moved_durably(key.dir_rel());
         let info = body.info()?;
         Stats::add(&reg.stats.shards_from_bodies, 1);
         debug!(shard = %self.rel.display(), bytes = body.len(), mode = ?self.mode, "shard written from its body");
@@ -641,6 +623,22 @@ impl ShardJob<'_> {
             durable,
             ..self.written(reg, body.len() - start, info, index)
         }))
+    }
+
+    /// Syncs both directories of a body that became the shard in `dir`. The shard is in
+    /// place, and the body (with every record in it) gone from the journal: from here on
+    /// a failure only means that this is not durable yet.
+    fn body_moved_durably(&self, dir: &Path) -> bool {
+        self.backing
+            .sync_dir_chain(dir)
+            .and_then(|_| {
+                self.backing
+                    .sync_dir(Path::new(crate::journal::JOURNAL_DIR))
+            })
+            .inspect_err(
+                |e| warn!(shard = %self.rel.display(), "shard written, not yet durable: {e}"),
+            )
+            .is_ok()
     }
 
     /// What completes a body that is `start` bytes long: the chosen chunks it does not hold
@@ -702,26 +700,7 @@ impl ShardJob<'_> {
         if kept.is_empty() {
             return Ok(());
         }
-        // Sizes from an index are untrusted (`read_whole_chunk`): nothing bigger than a file
-        // may hold is read into memory.
-        let max = crate::limits::MAX_FILE_BYTES;
-        if kept.iter().any(|(_, r)| r.nbytes > max) {
-            return Err(std::io::Error::from_raw_os_error(libc::EFBIG).into());
-        }
-        // Nor, in all, more than the machine could hold: a merge reads what the shard keeps
-        // into memory, and a forged index may declare many chunks of 4 GiB.
-        let total: u64 = kept.iter().map(|(_, r)| r.nbytes).sum();
-        if total > merge_limit() {
-            return Err(FsError::refused(
-                Path::new(&reg.describe(self.rel)),
-                Rule::TooBig,
-                format!(
-                    "a merge would read {} MiB of the shard into memory, more than half of \
-                     this machine's",
-                    total >> 20
-                ),
-            ));
-        }
+        self.readable_in_memory(reg, &kept)?;
         // Chunks that lie close together come in one read (one GET on an object store),
         // each kept as a slice of it.
         kept.sort_by_key(|(_, r)| r.offset);
@@ -742,6 +721,41 @@ impl ShardJob<'_> {
         }
         Stats::add(&reg.stats.merges, 1);
         Ok(())
+    }
+
+    /// Whether the `kept` chunks of the stored shard may be read into memory for a merge.
+    /// Sizes from an index are untrusted (`read_whole_chunk`): nothing bigger than a file
+    /// may hold is read, nor, in all, more than the machine could hold (a forged index may
+    /// declare many chunks of 4 GiB).
+    fn readable_in_memory(
+        &self,
+        reg: &ShardRegistry,
+        kept: &[(usize, ChunkRange)],
+    ) -> Result<(), FsError> {
+        let max = crate::limits::MAX_FILE_BYTES;
+        if kept.iter().any(|(_, r)| r.nbytes > max) {
+            return Err(std::io::Error::from_raw_os_error(libc::EFBIG).into());
+        }
+        let total: u64 = kept.iter().map(|(_, r)| r.nbytes).sum();
+        if total > merge_limit() {
+            return Err(FsError::refused(
+                Path::new(&reg.describe(self.rel)),
+                Rule::TooBig,
+                format!(
+                    "a merge would read {} MiB of the shard into memory, more than half of \
+                     this machine's",
+                    total >> 20
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A shard's body that will not become the shard (its array is gone or lost).
+fn abandon_body(journal: Option<&Journal>, finishing: Option<&Finishing>) {
+    if let (Some(j), Some(f)) = (journal, finishing) {
+        j.body_abandoned(f);
     }
 }
 
