@@ -10,7 +10,6 @@ use std::fs;
 use std::io::{self, Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -83,27 +82,6 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> DaemonError + '_ {
     }
 }
 
-/// The mount entry for `path` in /proc/self/mountinfo: its filesystem type and source.
-fn mount_type(path: &Path) -> Option<(String, String)> {
-    let info = fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let target = path.as_os_str().as_bytes();
-    info.lines().rev().find_map(|line| {
-        let fields: Vec<&str> = line.split(' ').collect();
-        let mount_point = unescape_mountinfo(fields.get(4)?);
-        let dash = fields.iter().position(|f| *f == "-")?;
-        let fstype = fields.get(dash + 1)?.to_string();
-        let source = unescape_mountinfo(fields.get(dash + 2)?);
-        (mount_point.as_bytes() == target).then_some((fstype, source))
-    })
-}
-
-fn unescape_mountinfo(s: &str) -> String {
-    s.replace("\\040", " ")
-        .replace("\\011", "\t")
-        .replace("\\012", "\n")
-        .replace("\\134", "\\")
-}
-
 /// Checks that `mountpoint` can be mounted on: a live directory, not already a mount, and
 /// not above BACKING (the daemon would then wait on its own mount).
 fn check_mountpoint(mountpoint: &Path, backing: &Path) -> Result<(), DaemonError> {
@@ -123,7 +101,9 @@ fn check_mountpoint(mountpoint: &Path, backing: &Path) -> Result<(), DaemonError
     match fs::metadata(mountpoint) {
         Err(e) => Err(io_err(mountpoint)(e)),
         Ok(m) if !m.is_dir() => Err(DaemonError::NotADirectory(shown())),
-        Ok(_) if mount_type(mountpoint).is_some() => Err(DaemonError::AlreadyMounted(shown())),
+        Ok(_) if crate::mounts::at(mountpoint).is_some() => {
+            Err(DaemonError::AlreadyMounted(shown()))
+        }
         Ok(_) => Ok(()),
     }
 }
@@ -648,7 +628,7 @@ fn raise_fd_limit() {
 /// the backing-device setting in sysfs lifts that. Best effort: without it the mount works,
 /// only slower.
 fn raise_readahead(mountpoint: &Path, kb: u32) {
-    let Some(dev) = mount_device(mountpoint) else {
+    let Some(dev) = crate::mounts::at(mountpoint).map(|e| e.device) else {
         info!("readahead left as it is: no mountinfo entry for the mount");
         return;
     };
@@ -657,17 +637,6 @@ fn raise_readahead(mountpoint: &Path, kb: u32) {
         Ok(()) => info!(kb, "readahead set"),
         Err(e) => info!("readahead left as it is ({}: {e})", knob.display()),
     }
-}
-
-/// The `major:minor` device of the mount at `path`, from /proc/self/mountinfo.
-fn mount_device(path: &Path) -> Option<String> {
-    let info = fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let target = path.as_os_str().as_bytes();
-    info.lines().rev().find_map(|line| {
-        let fields: Vec<&str> = line.split(' ').collect();
-        let mount_point = unescape_mountinfo(fields.get(4)?);
-        (mount_point.as_bytes() == target).then(|| fields.get(2).map(|s| s.to_string()))?
-    })
 }
 
 /// The daemon's answers through the control file.
@@ -693,9 +662,7 @@ pub fn stats_report(mountpoint: &Path) -> Result<crate::core::stats::StatsReport
 /// mount), if a shardfs mount is there.
 fn live_mount(mountpoint: &Path) -> Result<PathBuf, DaemonError> {
     let canonical = fs::canonicalize(mountpoint).map_err(io_err(mountpoint))?;
-    let is_shardfs = mount_type(&canonical).is_some_and(|(fstype, source)| {
-        fstype.starts_with("fuse") && source.starts_with("shardfs:")
-    });
+    let is_shardfs = crate::mounts::at(&canonical).is_some_and(|e| e.is_shardfs());
     if !is_shardfs {
         return Err(DaemonError::NotShardfs(canonical.display().to_string()));
     }
@@ -809,41 +776,40 @@ pub fn flush(mountpoint: &Path, path: Option<&Path>) -> Result<String, DaemonErr
     ))
 }
 
-/// `shardfs unmount`: unmount, then wait for the daemon to finish writing and exit.
+/// `shardfs unmount`: unmount, then wait for the daemon to finish writing and exit. The
+/// mount is pinned by its directory first (`mounts::Pinned`): every look at it and the
+/// unmount go through that directory, so a path changed meanwhile cannot make this
+/// unmount another mount.
 pub fn unmount(mountpoint: &Path, lazy: bool, give_up: bool) -> Result<(), DaemonError> {
     let resolved = resolve_outside(mountpoint);
-    if is_dead_mount(&resolved) {
-        let shown = resolved.display().to_string();
-        detach(&resolved).map_err(io_err(&resolved))?;
+    let pinned = crate::mounts::Pinned::find(&resolved)
+        .map_err(io_err(&resolved))?
+        .filter(|p| p.entry.is_shardfs())
+        .ok_or_else(|| DaemonError::NotShardfs(resolved.display().to_string()))?;
+    let shown = pinned.shown();
+    if pinned.is_dead() {
+        umount_pinned(&pinned, true).map_err(io_err(&resolved))?;
         return Err(DaemonError::Ended(format!(
             "{shown} was a dead mount and has been cleared; whatever its daemon had not \
              written when it died is lost"
         )));
     }
-    let mountpoint = &live_mount(mountpoint)?;
-    let shown = mountpoint.display().to_string();
-    let root_id = fs::metadata(mountpoint)
-        .map(|m| (m.dev(), m.ino()))
-        .map_err(io_err(mountpoint))?;
-    let control = mountpoint.join(CONTROL_FILE);
-    let info = read_control(&control)?;
+    let control = pinned.path().join(CONTROL_FILE);
+    let info = read_control(&control).map_err(|e| not_yours(&shown, e))?;
     // Checked while the daemon lives (its /proc entry tells whose it is).
     let ours = Ours {
-        daemon: crate::runtime::is_our_process(info.pid),
+        daemon: is_daemon_of(info.pid, &pinned.entry),
         status: crate::runtime::is_our_status_file(&info.status_file, info.pid),
     };
     let given_up = flush_before_unmount(&control, &shown, give_up)?;
-    // Still the mount it was when asked: a directory on the way that its user moved away
-    // and replaced by a link (while the flush waited) would have this unmount another one.
-    let now = fs::metadata(mountpoint).map(|m| (m.dev(), m.ino())).ok();
-    if now != Some(root_id) || live_mount(mountpoint).is_err() {
-        return Err(DaemonError::Unclean(format!(
-            "{shown} is no longer the mount it was when asked (a directory on its path \
-             changed): nothing unmounted"
+    if !pinned.still_there() {
+        return Err(DaemonError::Ended(format!(
+            "{shown} is no longer the mount it was when asked (unmounted, or another \
+             mounted there meanwhile): nothing unmounted"
         )));
     }
-    if let Err(e) = umount(mountpoint, lazy) {
-        if live_mount(mountpoint).is_err() {
+    if let Err(e) = umount_pinned(&pinned, lazy) {
+        if !pinned.still_there() {
             return Err(DaemonError::Ended(format!(
                 "{shown} was unmounted meanwhile by another command (which reports what \
                  its daemon says)"
@@ -852,7 +818,7 @@ pub fn unmount(mountpoint: &Path, lazy: bool, give_up: bool) -> Result<(), Daemo
         if e.raw_os_error() == Some(libc::EBUSY) {
             return Err(DaemonError::Busy(shown));
         }
-        return Err(io_err(mountpoint)(e));
+        return Err(io_err(&resolved)(e));
     }
     if !ours.daemon {
         return Err(DaemonError::Ended(format!(
@@ -862,6 +828,43 @@ pub fn unmount(mountpoint: &Path, lazy: bool, give_up: bool) -> Result<(), Daemo
         )));
     }
     daemon_verdict(&info, ours.status, given_up)
+}
+
+/// Unmounts the pinned mount (`lazy`: detached at once): `umount2` through its directory
+/// as root; as another user through `fusermount3`, which finds the mount point itself
+/// (it is set-user-ID root, and unmounts a user's own FUSE mounts only).
+fn umount_pinned(pinned: &crate::mounts::Pinned, lazy: bool) -> io::Result<()> {
+    match pinned.umount(if lazy { libc::MNT_DETACH } else { 0 }) {
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) && !crate::runtime::is_root() => {
+            fusermount_unmount(&pinned.entry.mount_point, lazy)
+        }
+        r => r,
+    }
+}
+
+/// An error reaching a mount's control file: permission denied is another user's mount.
+fn not_yours(shown: &str, e: DaemonError) -> DaemonError {
+    match &e {
+        DaemonError::Io { source, .. } if source.kind() == io::ErrorKind::PermissionDenied => {
+            DaemonError::Ended(format!(
+                "{shown} is another user's mount (it is closed to you): only they, or \
+                 root, may unmount it"
+            ))
+        }
+        _ => e,
+    }
+}
+
+/// Whether process `pid`, named by a mount's control file, is the daemon serving `entry`,
+/// to be waited for: a shardfs daemon (`--foreground`) of this user's, who must be the
+/// mount's owner as the kernel recorded it (`user_id=`, which nobody can forge). The
+/// control file is the mount's to say, and a FUSE file system mounted under a `shardfs:`
+/// name could name any process (root's own, or one of another PID namespace's).
+fn is_daemon_of(pid: u32, entry: &crate::mounts::MountEntry) -> bool {
+    let euid = rustix::process::geteuid().as_raw();
+    let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let daemon = cmdline.split(|&b| b == 0).any(|a| a == b"--foreground");
+    daemon && entry.user_id == Some(euid) && crate::runtime::is_our_process(pid)
 }
 
 /// Whose the daemon of a mount is, and whether its status file may be believed.
@@ -879,22 +882,14 @@ fn flush_before_unmount(
     shown: &str,
     give_up: bool,
 ) -> Result<Option<String>, DaemonError> {
-    let not_yours = |e: &io::Error| {
-        (e.kind() == io::ErrorKind::PermissionDenied).then(|| {
-            DaemonError::Ended(format!(
-                "{shown} is another user's mount (its control file is closed to you): only \
-                 they, or root, may unmount it"
-            ))
-        })
-    };
     if give_up && let Err(e) = control_flush(control, "give-up") {
-        return Err(not_yours(&e).unwrap_or_else(|| io_err(control)(e)));
+        return Err(not_yours(shown, io_err(control)(e)));
     }
     let Err(e) = control_flush(control, "flush") else {
         return Ok(None);
     };
-    if let Some(refused) = not_yours(&e) {
-        return Err(refused);
+    if e.kind() == io::ErrorKind::PermissionDenied {
+        return Err(not_yours(shown, io_err(control)(e)));
     }
     let what = not_written(control);
     if give_up {
@@ -997,6 +992,48 @@ mod tests {
         );
         let other = fusermount_refusal("fusermount3: something else");
         assert_eq!(other.to_string(), "fusermount3: something else");
+    }
+
+    /// The pid a mount's control file names is waited for only when it is a shardfs
+    /// daemon of this user's who owns the mount (review of issue 20: root waited 90 s on
+    /// pid 1, and took another mount's daemon and status file for this one's).
+    #[test]
+    fn only_a_daemon_of_the_mounts_owner_is_waited_for() {
+        let euid = rustix::process::geteuid().as_raw();
+        let entry = |user_id| crate::mounts::MountEntry {
+            id: 1,
+            device: "0:1".into(),
+            mount_point: "/m".into(),
+            fstype: "fuse".into(),
+            source: "shardfs:/b".into(),
+            user_id,
+        };
+        let mut daemon = std::process::Command::new("python3")
+            .args(["-c", "import time; time.sleep(30)", "--foreground"])
+            .spawn()
+            .unwrap();
+        let pid = daemon.id();
+        // Until python has exec'd (its command line is then the one given).
+        for _ in 0..500 {
+            let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            if cmdline.windows(12).any(|w| w == b"--foreground") {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(is_daemon_of(pid, &entry(Some(euid))));
+        assert!(
+            !is_daemon_of(pid, &entry(Some(euid + 1))),
+            "another owner's mount"
+        );
+        assert!(!is_daemon_of(pid, &entry(None)));
+        assert!(
+            !is_daemon_of(std::process::id(), &entry(Some(euid))),
+            "not a daemon"
+        );
+        assert!(!is_daemon_of(2, &entry(Some(euid))), "a kernel thread");
+        let _ = daemon.kill();
+        let _ = daemon.wait();
     }
 
     /// A mount named through a link or as `m/.` is found without entering it (a dead

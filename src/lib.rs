@@ -23,6 +23,7 @@ pub mod grid;
 pub mod journal;
 pub mod limits;
 pub mod logging;
+pub mod mounts;
 pub mod runtime;
 pub mod shard;
 pub mod store;

@@ -8,8 +8,10 @@
 //! `$XDG_RUNTIME_DIR/shardfs`; else `$TMPDIR/shardfs-UID`. Also where a user's cache of
 //! object stores goes (`cache_dir`).
 
+use std::ffi::OsStr;
 use std::fs::{self, File};
 use std::io::{self, Write};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -25,19 +27,31 @@ pub fn is_root() -> bool {
 
 /// The FUSE tools' set-user-ID helper through which a user other than root mounts and
 /// unmounts, found where the FUSE library (`fuser`) that mounts looks for it:
-/// `$FUSERMOUNT_PATH` if set, else `fusermount3` or the older `fusermount` on `PATH`, else
-/// in the system's directories.
+/// `$FUSERMOUNT_PATH` if set (a bare name looked up on `PATH`), else `fusermount3` or the
+/// older `fusermount` on `PATH`, else in `/sbin` and `/bin`.
 pub fn fusermount() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("FUSERMOUNT_PATH").filter(|p| !p.is_empty()) {
-        return Some(PathBuf::from(p)).filter(|p| p.is_file());
-    }
     let path = std::env::var_os("PATH").unwrap_or_default();
-    let on_path = std::env::split_paths(&path).collect::<Vec<_>>();
-    let system = ["/sbin", "/bin", "/usr/sbin", "/usr/bin"].map(PathBuf::from);
-    [on_path, system.to_vec()].iter().find_map(|dirs| {
-        ["fusermount3", "fusermount"]
-            .iter()
-            .find_map(|name| dirs.iter().map(|dir| dir.join(name)).find(|p| p.is_file()))
+    let on_path = |name: &OsStr| {
+        std::env::split_paths(&path)
+            .map(|dir| dir.join(name))
+            .find(|p| p.is_file())
+    };
+    if let Some(p) = std::env::var_os("FUSERMOUNT_PATH") {
+        let p = PathBuf::from(p);
+        return match p.as_os_str().as_bytes().contains(&b'/') {
+            true => Some(p).filter(|p| p.is_file()),
+            false if p.as_os_str().is_empty() => None,
+            false => on_path(p.as_os_str()),
+        };
+    }
+    let names = ["fusermount3", "fusermount"].map(OsStr::new);
+    names.iter().find_map(|n| on_path(n)).or_else(|| {
+        ["/sbin", "/bin"].iter().find_map(|dir| {
+            names
+                .iter()
+                .map(|n| Path::new(dir).join(n))
+                .find(|p| p.is_file())
+        })
     })
 }
 
@@ -71,13 +85,18 @@ pub fn cache_dir() -> io::Result<PathBuf> {
         home.join(".cache")
     } else {
         let guessed = temp_dir().join(format!("shardfs-cache-{}", euid()));
-        ensure_private(&guessed)?;
+        ensure_private_for(
+            &guessed,
+            "cache directory",
+            "set HOME or XDG_CACHE_HOME, or give --cache-dir",
+        )?;
         guessed
     };
     fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(&base)?;
+    only_ours_above(&base)?;
     let dir = base.join("shardfs");
     match fs::DirBuilder::new().mode(0o700).create(&dir) {
         Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
@@ -103,6 +122,29 @@ pub fn cache_dir() -> io::Result<PathBuf> {
     Ok(dir)
 }
 
+/// Whether only this user (and root) may change `dir` and every directory above it: a
+/// directory others may write, unless sticky, would let them put another in its place
+/// (a cache that is theirs to read, or to fill with a journal to replay).
+fn only_ours_above(dir: &Path) -> io::Result<()> {
+    let real = fs::canonicalize(dir)?;
+    for (i, p) in real.ancestors().enumerate() {
+        let m = fs::metadata(p)?;
+        let open = m.mode() & 0o022 != 0 && (i == 0 || m.mode() & libc::S_ISVTX == 0);
+        if (m.uid() != euid() && m.uid() != 0) || open {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "cache directory {} refused: {} may be changed by another user; set \
+                     XDG_CACHE_HOME to a directory of your own, or give --cache-dir",
+                    dir.display(),
+                    p.display()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The private directory's path (not made yet: `ensure_private`), absolute.
 pub fn dir() -> PathBuf {
     if let Some(d) = std::env::var_os("SHARDFS_RUNTIME_DIR").filter(|d| !d.is_empty()) {
@@ -122,6 +164,15 @@ pub fn dir() -> PathBuf {
 /// that nobody else can enter. Anything else is refused, never used or tightened: someone
 /// else may hold it open already.
 pub fn ensure_private(dir: &Path) -> io::Result<()> {
+    ensure_private_for(
+        dir,
+        "runtime directory",
+        "set SHARDFS_RUNTIME_DIR to a directory of your own (mode 0700)",
+    )
+}
+
+/// `ensure_private` for the directory `what`, the refusal saying how else to go on (`fix`).
+fn ensure_private_for(dir: &Path, what: &str, fix: &str) -> io::Result<()> {
     match fs::DirBuilder::new().mode(0o700).create(dir) {
         Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
         _ => {}
@@ -141,8 +192,7 @@ pub fn ensure_private(dir: &Path) -> io::Result<()> {
         Some(why) => Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
             format!(
-                "runtime directory {} refused: {why}; remove it, or set SHARDFS_RUNTIME_DIR \
-                 to a directory of your own (mode 0700)",
+                "{what} {} refused: {why}; remove it, or {fix}",
                 dir.display()
             ),
         )),

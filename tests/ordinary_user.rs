@@ -270,7 +270,7 @@ fn what_keeps_an_ordinary_user_from_mounting_is_said_in_one_line() {
     let out = user.shardfs(&["mount", b, theirs.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(
-        stderr(&out).contains("not writable by you"),
+        stderr(&out).contains("not readable, writable and enterable by you"),
         "{}",
         stderr(&out)
     );
@@ -386,6 +386,40 @@ fn a_cache_directory_planted_by_another_user_is_refused() {
     std::fs::set_permissions(&planted, std::fs::Permissions::from_mode(0o777)).unwrap();
     mount();
     assert_eq!(std::fs::read_dir(&planted).unwrap().count(), 0);
+    // XDG_CACHE_HOME in a directory another user may change (not sticky): refused too,
+    // before anything is made in it.
+    let env = [("XDG_CACHE_HOME", trap.join("cache").display().to_string())];
+    let out = user.run(
+        &user.bin(),
+        &["mount", "s3://bucket/x", mnt.to_str().unwrap()],
+        &env,
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("may be changed by another user"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!trap.join("cache/shardfs").exists());
+    // A --cache-dir made by the mount is closed to others (the store is not there: the
+    // daemon fails, after the directory is made).
+    let given = user.home.join("given/cache");
+    let _ = user.run(
+        &user.bin(),
+        &[
+            "mount",
+            "s3://bucket/x",
+            mnt.to_str().unwrap(),
+            "--cache-dir",
+            given.to_str().unwrap(),
+        ],
+        &[("AWS_ENDPOINT_URL", "http://127.0.0.1:9".to_string())],
+    );
+    assert!(!is_mounted(&mnt));
+    for dir in [user.home.join("given"), given] {
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700, "{}", dir.display());
+    }
 }
 
 /// `shardfs unmount` finds its daemon's verdict whatever became of the paths it was
@@ -484,7 +518,7 @@ fn a_mount_helper_linking_to_a_users_binary_is_refused() {
     );
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(
-        stderr(&out).contains("would run it as root"),
+        stderr(&out).contains("would run the binary as root"),
         "{}",
         stderr(&out)
     );

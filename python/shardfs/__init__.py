@@ -16,6 +16,7 @@ fusermount3).
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -95,9 +96,11 @@ def _options(options):
 
 
 def _unescape(field):
-    # /proc/self/mountinfo writes space, tab, newline and backslash as octal escapes.
-    return field.encode().decode("unicode_escape").encode("latin-1").decode(
-        "utf-8", "surrogateescape")
+    # /proc/self/mountinfo writes space, tab, newline and backslash as octal escapes; a
+    # name need not be UTF-8 (kept as the surrogates os.fsdecode gives).
+    raw = field.encode("utf-8", "surrogateescape")
+    raw = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), raw)
+    return raw.decode("utf-8", "surrogateescape")
 
 
 def _is_mount_point(path):

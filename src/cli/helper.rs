@@ -132,14 +132,18 @@ fn only_root_may_change(exe: &Path) -> io::Result<()> {
         let m = std::fs::metadata(p)?;
         let open = m.mode() & 0o022 != 0;
         if m.uid() != 0 || open {
+            let who = match open {
+                true => "may be written by users other than root",
+                false => "is not root's",
+            };
             return Err(io::Error::new(
                 io::ErrorKind::PermissionDenied,
                 format!(
-                    "{} may be changed by {} than root, and mount(8) would run it as root: \
+                    "{} is refused: {} {who}, and mount(8) would run the binary as root: \
                      install shardfs where only root may write (e.g. `install -m 755 {} \
                      /usr/local/bin/shardfs`) and run install-mount-helper from there",
                     exe.display(),
-                    if open { "users other" } else { "a user other" },
+                    p.display(),
                     exe.display()
                 ),
             ));

@@ -375,27 +375,32 @@ fn may_mount(config: &crate::daemon::MountConfig) -> Result<(), String> {
                 .into(),
         );
     }
-    if config.allow_other && fuse_conf_allows_other() == Some(false) {
-        return Err(
-            "--allow-other needs the line user_allow_other in /etc/fuse.conf (root may add \
-             it); without it, mount without --allow-other"
-                .into(),
-        );
+    if config.allow_other {
+        fuse_conf_allows_other()?;
     }
     may_mount_on(&config.mountpoint)
 }
 
 /// Whether /etc/fuse.conf has `user_allow_other`, read as fusermount3 reads it: a `#`
 /// starts a comment, blanks around are ignored, and a line without its newline (the last,
-/// or one too long) does not count. `None` when the file cannot be read by this user
-/// (some systems keep it 0640 for a group; fusermount3, set-user-ID, can: it decides).
-fn fuse_conf_allows_other() -> Option<bool> {
-    let conf = match std::fs::read("/etc/fuse.conf") {
-        Ok(c) => c,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Some(false),
-        Err(_) => return None,
-    };
-    Some(allows_other(&conf))
+/// or one too long) does not count. fusermount3 reads it as the user: a file they cannot
+/// read allows nothing.
+fn fuse_conf_allows_other() -> Result<(), String> {
+    let conf = std::fs::read("/etc/fuse.conf").map_err(|e| {
+        format!(
+            "--allow-other needs the line user_allow_other in /etc/fuse.conf, which cannot \
+             be read ({e}; fusermount3 reads it as you): mount without --allow-other, or ask \
+             root to make it readable"
+        )
+    })?;
+    match allows_other(&conf) {
+        true => Ok(()),
+        false => Err(
+            "--allow-other needs the line user_allow_other in /etc/fuse.conf (root may add \
+             it); without it, mount without --allow-other"
+                .into(),
+        ),
+    }
 }
 
 /// Whether a fuse.conf's text lets users mount with allow_other (`fuse_conf_allows_other`).
@@ -404,13 +409,21 @@ fn allows_other(conf: &[u8]) -> bool {
         let Some(l) = l.strip_suffix(b"\n").filter(|l| l.len() < 255) else {
             return false;
         };
+        // fgets stops at a NUL for fusermount3: the line is then cut (and skipped).
+        if l.contains(&0) {
+            return false;
+        }
         let l = l.split(|&b| b == b'#').next().unwrap_or_default();
-        l.trim_ascii() == b"user_allow_other"
+        // isspace(3): blanks, and the vertical tab Rust's trim_ascii does not take.
+        let blank = |b: &u8| b" \t\n\x0b\x0c\r".contains(b);
+        let start = l.iter().position(|b| !blank(b)).unwrap_or(l.len());
+        let end = l.iter().rposition(|b| !blank(b)).map_or(start, |i| i + 1);
+        &l[start..end] == b"user_allow_other"
     })
 }
 
-/// Whether fusermount3 lets this user mount on `mountpoint`: a directory they may write,
-/// and, if its sticky bit is set (as /tmp's), one of their own.
+/// Whether fusermount3 lets this user mount on `mountpoint`: a directory they may read,
+/// write and enter, and, if its sticky bit is set (as /tmp's), one of their own.
 fn may_mount_on(mountpoint: &Path) -> Result<(), String> {
     use std::os::unix::fs::MetadataExt;
     let Ok(m) = std::fs::metadata(mountpoint) else {
@@ -425,11 +438,13 @@ fn may_mount_on(mountpoint: &Path) -> Result<(), String> {
             m.uid()
         ));
     }
-    let writable = rustix::fs::access(mountpoint, rustix::fs::Access::WRITE_OK).is_ok();
-    if m.is_dir() && !writable {
+    // fusermount3 enters it and needs to write it; the FUSE library opens it.
+    use rustix::fs::Access;
+    let usable = Access::READ_OK | Access::WRITE_OK | Access::EXEC_OK;
+    if m.is_dir() && rustix::fs::access(mountpoint, usable).is_err() {
         return Err(format!(
-            "{shown} is not writable by you (owner uid {}): mount on a directory of your \
-             own, or one you may write",
+            "{shown} is not readable, writable and enterable by you (owner uid {}): mount \
+             on a directory of your own, or one you may use so",
             m.uid()
         ));
     }
@@ -443,7 +458,12 @@ fn object_cache(url: &str, default: bool, given: &Path) -> std::io::Result<PathB
         true => crate::runtime::cache_dir()?.join(url_dir_name(url)),
         false => given.to_path_buf(),
     };
-    std::fs::create_dir_all(&dir)
+    // Made closed to others, as the default: it holds the user's data.
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
         .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", dir.display())))?;
     Ok(dir)
 }
@@ -601,6 +621,15 @@ mod tests {
             b"# users may share\n  user_allow_other # let them\n"
         ));
         assert!(allows_other(b"\tuser_allow_other\t\n"));
+        assert!(
+            allows_other(b"user_allow_other\x0b\n"),
+            "isspace takes a vertical tab"
+        );
+        assert!(
+            !allows_other(b"x\0\nuser_allow_other"),
+            "cut at the NUL, no newline"
+        );
+        assert!(!allows_other(b"user_allow_other\0\n"));
         assert!(!allows_other(b"#user_allow_other\n"));
         assert!(
             !allows_other(b"user_allow_other"),

@@ -71,10 +71,23 @@ pub fn python_timeout(args: &[&str], limit: Duration) -> Output {
 
 /// Whether `path` is a mount point now.
 pub fn is_mounted(path: &Path) -> bool {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let target = path.to_string_lossy().replace(' ', "\\040");
-    info.lines()
-        .any(|l| l.split(' ').nth(4) == Some(target.as_str()))
+    use std::os::unix::ffi::OsStrExt;
+    // Bytes: another mount point's name may be anything, UTF-8 or not.
+    let info = std::fs::read("/proc/self/mountinfo").unwrap_or_default();
+    let target = path
+        .as_os_str()
+        .as_bytes()
+        .iter()
+        .flat_map(|&b| match b {
+            b' ' => b"\\040".to_vec(),
+            b'\t' => b"\\011".to_vec(),
+            b'\n' => b"\\012".to_vec(),
+            b'\\' => b"\\134".to_vec(),
+            b => vec![b],
+        })
+        .collect::<Vec<u8>>();
+    info.split(|&b| b == b'\n')
+        .any(|l| l.split(|&b| b == b' ').nth(4) == Some(target.as_slice()))
 }
 
 fn force_unmount(mountpoint: &Path, pid: Option<u32>) {
