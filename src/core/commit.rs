@@ -66,7 +66,7 @@ impl ShardFs {
         };
         // Whatever this document is, the array is no longer shown as its writer wrote it.
         self.classifier.show_as_written(dir, false);
-        self.write_whole(
+        self.tree.write_whole(
             &doc,
             &[Bytes::from(stored)],
             true,
@@ -114,7 +114,8 @@ impl ShardFs {
                 self.classifier.show_as_written(dir, false);
                 let doc_bytes = Node::Array(sharded).to_json_bytes();
                 let owner = self.held_maker(&doc);
-                self.write_whole(&doc, &[Bytes::from(doc_bytes)], true, owner, made)?;
+                self.tree
+                    .write_whole(&doc, &[Bytes::from(doc_bytes)], true, owner, made)?;
                 // Only now, the array stored (its shards durable before it), may the chunk
                 // files go: a crash before this finds them all again (`unstage`).
                 for rel in &staged {
@@ -385,7 +386,8 @@ impl ShardFs {
         self.settle_layout(dir, None)?;
         let doc = dir.join(METADATA_FILE);
         let owner = self.held_maker(&doc);
-        self.write_whole(&doc, &[Bytes::copy_from_slice(bytes)], true, owner, made)?;
+        self.tree
+            .write_whole(&doc, &[Bytes::copy_from_slice(bytes)], true, owner, made)?;
         self.classifier.show_as_written(dir, true);
         info!(array = %self.backing.path(dir).display(),
             "sharded metadata written through the mount: stored and shown as written \

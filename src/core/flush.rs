@@ -151,7 +151,7 @@ impl ShardFs {
             // (An object store takes no change in place: an open file stays in memory.)
             .filter(|(rel, f)| {
                 rel.file_name() != Some(METADATA_FILE.as_ref())
-                    && (f.settled() || (!is_lock_name(rel) && self.published.is_none()))
+                    && (f.settled() || (!is_lock_name(rel) && self.tree.changes_in_place()))
             })
             .collect();
         temps.sort_by_key(|(_, f)| (!f.settled(), std::cmp::Reverse(f.len())));
@@ -233,7 +233,10 @@ impl ShardFs {
         self.still_where_made(file)?;
         let segments = file.snapshot().data.segments();
         let made = Some(file.with(|s| s.changed));
-        let written = match self.write_whole(rel, &segments, durable, file.maker(), made) {
+        let written = match self
+            .tree
+            .write_whole(rel, &segments, durable, file.maker(), made)
+        {
             Err(e) if e.lost_to_another_node() => {
                 self.forsake_lost(rel, file);
                 return Err(e);

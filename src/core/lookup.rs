@@ -621,7 +621,7 @@ impl ShardFs {
         // A document of an object store may be another node's new one at the next open:
         // read past the kernel's cache (which a retry after a refused write would read).
         let document =
-            self.published.is_some() && info.rel.file_name() == Some(OsStr::new(METADATA_FILE));
+            self.tree.shared_by_nodes() && info.rel.file_name() == Some(OsStr::new(METADATA_FILE));
         Ok(Opened {
             fh: self.handles.insert(Handle::File(handle)),
             keep_cache: keep_cache && !document,
@@ -745,7 +745,7 @@ impl ShardFs {
     /// old one. Each read comes here and reads its open's version.
     fn chunk_caching(&self, ino: Ino, handle: &FileHandle) -> (bool, bool) {
         let keep = self.keep_chunk_pages(ino, handle);
-        let direct = self.published.is_some();
+        let direct = self.tree.shared_by_nodes();
         (keep && !direct, direct)
     }
 
@@ -780,7 +780,8 @@ impl ShardFs {
         };
         if writable {
             // A file changed in place could not be published whole.
-            self.pass_through_allowed(&info.rel, "a write in place")?;
+            self.tree
+                .may_change_in_place(&info.rel, "a write in place")?;
         }
         let file = self.backing.open_file(&info.rel, how)?;
         // The kernel checked the caller's permission against attributes it had cached;

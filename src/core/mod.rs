@@ -4,7 +4,9 @@
 //! Files split by concern: `lookup.rs` (names, attributes, listings, reads), `write.rs`
 //! (opening for write, writing, flush, fsync, truncation), `namespace.rs` (create, mkdir,
 //! unlink, rmdir, rename, link), `commit.rs` (a `zarr.json` written through the mount),
-//! `flush.rs` (idle, memory-pressure and unmount flushing, stats).
+//! `flush.rs` (idle, memory-pressure and unmount flushing, stats). Parts with state of
+//! their own: `tree.rs` (where what is not a shard is kept, BACKING or an object store's
+//! mirror), `shards/` (pending shards), `inode.rs`, `handle.rs`, `temp.rs`, `classify.rs`.
 
 pub mod array;
 pub mod attr;
@@ -24,6 +26,7 @@ pub mod refusal;
 pub mod shards;
 pub mod stats;
 pub mod temp;
+mod tree;
 pub mod write;
 
 use std::path::PathBuf;
@@ -109,10 +112,8 @@ pub struct ShardFs {
     pub(crate) gate: Gate,
     /// Records of dead mounts' journals that could not be applied yet (`durable.rs`).
     pub(crate) unreplayed: std::sync::Mutex<Vec<crate::journal::Replayed>>,
-    /// For an object-store mount: the store where what the core writes to BACKING outside
-    /// the shards (metadata documents, files written out) is published, BACKING being a
-    /// local mirror of it (`store::mirror`).
-    pub(crate) published: Option<Arc<crate::store::mirror::Published>>,
+    /// Where what is not a shard is kept: BACKING, or an object store's mirror in it.
+    pub(crate) tree: tree::Tree,
     /// Where refused requests are logged, and counted.
     pub refusals: Arc<refusal::RefusalLog>,
     /// `shardfs unmount --give-up` asked: the final flush is tried once, not retried.
@@ -174,6 +175,7 @@ impl ShardFs {
         config: WriteConfig,
     ) -> ShardFs {
         let refusals = Arc::new(refusal::RefusalLog::new(daemon.mountpoint.clone()));
+        let tree_backing = backing.clone();
         ShardFs {
             shards: ShardRegistry::new(config.index_cache, store, store_is_backing, &refusals),
             refusals,
@@ -188,69 +190,20 @@ impl ShardFs {
             gate: Gate::default(),
             unreplayed: std::sync::Mutex::default(),
             giving_up: Default::default(),
-            published: None,
+            tree: tree::Tree::local(tree_backing),
         }
     }
 
     /// Publishes what is written to BACKING outside the shards to `store` (BACKING is
-    /// then a mirror of it).
+    /// then a mirror of it: `tree`).
     pub fn publishing_to(mut self, store: Arc<crate::store::mirror::Published>) -> ShardFs {
-        self.published = Some(store);
+        self.tree = self.tree.mirroring(store);
         self
-    }
-
-    /// Writes a whole file to BACKING (atomically; `durable` syncs it and its name), in
-    /// the store first when BACKING mirrors one: the store is the truth, and a failure
-    /// there fails the write (`made`: when the content was made, `Published::put`).
-    /// Returns the file written, open.
-    pub(crate) fn write_whole(
-        &self,
-        rel: &std::path::Path,
-        parts: &[bytes::Bytes],
-        durable: bool,
-        owner: Option<crate::backing::FileOwner>,
-        made: Option<u64>,
-    ) -> Result<std::fs::File, FsError> {
-        if let Some(published) = &self.published {
-            published
-                .put(&self.backing, rel, parts, made)
-                .map_err(std::io::Error::from)?;
-        }
-        let (_, file) = self.backing.write_atomic(rel, parts, durable, owner)?;
-        Ok(file)
     }
 
     /// Whose the file held in memory at `rel` is (`MemFile::maker`), if one is held there.
     pub(crate) fn held_maker(&self, rel: &std::path::Path) -> Option<crate::backing::FileOwner> {
         self.temps.file(rel).and_then(|f| f.maker())
-    }
-
-    /// Removes a file from BACKING (and from the store it mirrors). Returns whether it
-    /// was there.
-    pub(crate) fn remove_whole(&self, rel: &std::path::Path) -> Result<bool, FsError> {
-        if let Some(published) = &self.published {
-            published
-                .delete(&self.backing, rel)
-                .map_err(std::io::Error::from)?;
-        }
-        Ok(self.backing.remove_file(rel)?)
-    }
-
-    /// Files other than Zarr's are passed through to BACKING by descriptor; a mirror of an
-    /// object store cannot publish those. `what` is the change asked of `rel`.
-    pub(crate) fn pass_through_allowed(
-        &self,
-        rel: &std::path::Path,
-        what: &str,
-    ) -> Result<(), FsError> {
-        match self.published {
-            Some(_) => Err(FsError::refused(
-                rel,
-                refusal::Rule::ObjectStoreInPlaceChange,
-                what,
-            )),
-            None => Ok(()),
-        }
     }
 
     pub fn backing(&self) -> &Backing {
@@ -262,22 +215,15 @@ impl ShardFs {
         self.classifier.classify(&self.backing, rel)
     }
 
-    /// On an object store, a `zarr.json` about to be opened is first compared with the
-    /// store's (at most once a second; `Published::revalidate`): another node may have
-    /// changed or removed it. Clients read an array's or group's document before its
-    /// chunks, so the open is where a new one must be seen; a walk of names costs nothing.
-    /// Returns whether the mount took another version.
+    /// A `zarr.json` about to be opened is first compared with the store's where another
+    /// node may have changed or removed it (`Tree::revalidate_document`). Clients read an
+    /// array's or group's document before its chunks, so the open is where a new one must
+    /// be seen; a walk of names costs nothing. Returns whether the mount took another
+    /// version.
     pub(crate) fn revalidated(&self, info: &NodeInfo) -> bool {
-        match &self.published {
-            Some(published)
-                if !info.detached
-                    && info.rel.file_name()
-                        == Some(std::ffi::OsStr::new(crate::zarr::METADATA_FILE)) =>
-            {
-                published.revalidate(&self.backing, &info.rel)
-            }
-            _ => false,
-        }
+        !info.detached
+            && info.rel.file_name() == Some(std::ffi::OsStr::new(crate::zarr::METADATA_FILE))
+            && self.tree.revalidate_document(&info.rel)
     }
 
     /// The sharded array whose directory is `rel`, if it is one now.

@@ -124,7 +124,7 @@ impl ShardFs {
             NodeKind::Dir if name == METADATA_FILE => return Ok(Place::Meta(parent.rel.clone())),
             // A mirror of an object store takes no file by descriptor: a new file is held in
             // memory, and published when written out (or committed, renamed onto zarr.json).
-            NodeKind::Dir if self.published.is_some() => return Ok(Place::Temp(rel)),
+            NodeKind::Dir if !self.tree.changes_in_place() => return Ok(Place::Temp(rel)),
             NodeKind::Dir => return Ok(Place::Plain(rel)),
             NodeKind::ArrayDir(a) => (a.clone(), KeyNode::Root),
             NodeKind::ChunkDir { array, node } => (array.clone(), node.clone()),
@@ -271,7 +271,8 @@ impl ShardFs {
         self.may_make_at(&place, caller)?;
         let kind = match place {
             Place::Plain(rel) | Place::Extra(rel) => {
-                self.pass_through_allowed(&rel, "a file created in place")?;
+                self.tree
+                    .may_change_in_place(&rel, "a file created in place")?;
                 let how = OpenMode {
                     read: true,
                     write: true,
@@ -437,7 +438,9 @@ impl ShardFs {
             Place::Plain(rel) | Place::Extra(rel) => {
                 let segments = file.snapshot().data.segments();
                 let made = Some(file.with(|s| s.changed));
-                let written = self.write_whole(rel, &segments, false, file.maker(), made)?;
+                let written = self
+                    .tree
+                    .write_whole(rel, &segments, false, file.maker(), made)?;
                 if let Some(ino) = ino {
                     self.handles.went_to(ino, &written);
                 }
@@ -483,7 +486,7 @@ impl ShardFs {
                 Ok(())
             }
             _ => {
-                self.remove_whole(rel)?;
+                self.tree.remove_whole(rel)?;
                 Ok(())
             }
         }
@@ -558,7 +561,7 @@ impl ShardFs {
                 // it is gone (a refused removal leaves the kernel the name).
                 let orphan = self.orphan_of(parent, name, &kind, &rel);
                 // As the caller: the kernel checks the directory really there.
-                let removed = crate::backing::as_user(by.asker(), || self.remove_whole(&rel))?;
+                let removed = crate::backing::as_user(by.asker(), || self.tree.remove_whole(&rel))?;
                 self.inodes.detach(parent, name, orphan);
                 if !removed {
                     return Err(FsError::NotFound);
@@ -574,7 +577,7 @@ impl ShardFs {
     /// written, durably, while it is there.
     fn unlink_array_document(&self, array: &ArrayState, rel: &Path) -> Result<(), FsError> {
         self.settle_durably(&array.rel)?;
-        self.remove_whole(rel)?;
+        self.tree.remove_whole(rel)?;
         self.prune_key_dirs(array, &array.rel, &KeyNode::Root);
         self.shards.forget_array(&array.rel);
         self.temps.forget_below(&array.rel);
@@ -832,7 +835,7 @@ impl ShardFs {
     /// A BACKING file renamed onto a plain name (not over a file held in memory) stays
     /// where it is in BACKING; an object store's mirror publishes it anew instead.
     fn stays_in_backing(&self, mv: &Move) -> bool {
-        !matches!(mv.dst, Some(NodeKind::Temp(_))) && self.published.is_none()
+        !matches!(mv.dst, Some(NodeKind::Temp(_))) && self.tree.changes_in_place()
     }
 
     /// Refuses the renames that break a rule of the mount.
@@ -844,7 +847,7 @@ impl ShardFs {
             {
                 (Rule::KeyDirectoryMove, "a rename")
             }
-            NodeKind::Dir | NodeKind::ArrayDir(_) if self.published.is_some() => {
+            NodeKind::Dir | NodeKind::ArrayDir(_) if !self.tree.changes_in_place() => {
                 // An object store renames nothing: mv copies and removes instead.
                 (Rule::ObjectStoreDirectoryRename, "a directory rename")
             }
@@ -1078,8 +1081,9 @@ impl ShardFs {
         newname: &OsStr,
         by: Caller,
     ) -> Result<Attr, FsError> {
-        if self.published.is_some() {
-            self.pass_through_allowed(&self.node(ino)?.rel, "a hard link")?;
+        if !self.tree.changes_in_place() {
+            self.tree
+                .may_change_in_place(&self.node(ino)?.rel, "a hard link")?;
         }
         let _gate = self.gate.for_request(newname == METADATA_FILE);
         let (dp, place, _shared) = self.place_held(newparent, newname)?;
@@ -1135,9 +1139,9 @@ impl ShardFs {
         target: &Path,
         caller: Caller,
     ) -> Result<Attr, FsError> {
-        if self.published.is_some() {
+        if !self.tree.changes_in_place() {
             let rel = join_rel(&self.node(parent)?.rel, name);
-            self.pass_through_allowed(&rel, "a symbolic link")?;
+            self.tree.may_change_in_place(&rel, "a symbolic link")?;
         }
         let (p, place, _shared) = self.place_held(parent, name)?;
         if self.exists(&p, name)? {
@@ -1175,9 +1179,9 @@ impl ShardFs {
             self.release(opened.fh)?;
             return Ok(attr);
         }
-        if self.published.is_some() {
+        if !self.tree.changes_in_place() {
             let rel = join_rel(&self.node(parent)?.rel, name);
-            self.pass_through_allowed(&rel, "a special file")?;
+            self.tree.may_change_in_place(&rel, "a special file")?;
         }
         let (p, place, _shared) = self.place_held(parent, name)?;
         if self.exists(&p, name)? {

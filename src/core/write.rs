@@ -381,14 +381,15 @@ impl ShardFs {
                 "an fsync of an incomplete document; the document stays as it was",
             ));
         }
-        self.write_whole(
-            rel,
-            &[Bytes::from(bytes)],
-            true,
-            self.held_maker(rel),
-            Some(f.with(|s| s.changed)),
-        )
-        .map(drop)
+        self.tree
+            .write_whole(
+                rel,
+                &[Bytes::from(bytes)],
+                true,
+                self.held_maker(rel),
+                Some(f.with(|s| s.changed)),
+            )
+            .map(drop)
     }
 
     /// fsync of a directory: every pending chunk below it is made durable, and so is every
@@ -451,7 +452,8 @@ impl ShardFs {
                 refuse_truncation(&info.rel, set)?;
                 if set.change.mode.is_some() || set.change.uid.is_some() || set.change.gid.is_some()
                 {
-                    self.pass_through_allowed(&info.rel, "a change of owner or mode")?;
+                    self.tree
+                        .may_change_in_place(&info.rel, "a change of owner or mode")?;
                 }
                 self.set_backing_attr(&info.rel, set)?;
             }
@@ -550,7 +552,7 @@ impl ShardFs {
     /// against that inode (`Backing::change_attrs`: the kernel checked a cached view).
     fn set_backing_attr(&self, rel: &Path, set: &SetAttr) -> Result<(), FsError> {
         if set.change.size.is_some() {
-            self.pass_through_allowed(rel, "a truncation")?;
+            self.tree.may_change_in_place(rel, "a truncation")?;
         }
         let opened = set.fh.and_then(|fh| self.handles.get(fh).ok());
         let file = opened.as_deref().and_then(|h| match h {
