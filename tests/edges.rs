@@ -50,11 +50,7 @@ fn fsync_path(path: &Path) {
 /// SIGKILLs the daemon, clears the dead mount point, and mounts BACKING again (which
 /// replays the journal).
 fn crash_and_remount(m: Mounted, args: &[&str]) -> Mounted {
-    m.kill_daemon();
-    let _ = m.unmount(&[]);
-    let backing = m.backing.clone();
-    drop(m);
-    Mounted::new(&backing, args, LIMIT)
+    m.crash_and_remount(args, LIMIT)
 }
 
 fn verify(backing: &Path) {
@@ -470,8 +466,7 @@ fn a_dead_mounts_record_never_replays_over_a_chunk_written_and_put_back() {
     fsync_path(&b.path("a/c"));
     write_synced(&b.path("a/c/4"), &[1; 16]);
     flush(&b);
-    a.kill_daemon();
-    let _ = a.unmount(&[]);
+    a.crash();
     // B takes A's journal over within about a second.
     let start = std::time::Instant::now();
     while journals(&backing) > 1 {
@@ -529,8 +524,7 @@ fn a_chunk_opened_unchanged_on_another_mount_never_hides_a_later_fsync() {
     t.set_len(16).unwrap();
     drop(t);
     flush(&b);
-    a.kill_daemon();
-    let _ = a.unmount(&[]);
+    a.crash();
     let start = std::time::Instant::now();
     while journals(&backing) > 1 {
         assert!(start.elapsed() < Duration::from_secs(20), "not taken over");
@@ -772,8 +766,7 @@ fn a_live_mount_takes_over_a_dead_mounts_journal() {
     let b = Mounted::new(&backing, &args, LIMIT);
     write_synced(&a.path("a/c/0"), &[0xAA; 16]);
     write_synced(&a.path("a/c/5"), &[0xAB; 16]);
-    a.kill_daemon();
-    let _ = a.unmount(&[]);
+    a.crash();
     let start = std::time::Instant::now();
     loop {
         let s = stats(&b);
@@ -1004,8 +997,7 @@ fn a_live_mount_taking_over_keeps_a_later_fsync_of_the_dead_one() {
     write_synced(&b.path("a/c/0"), &[0x11; 16]);
     std::thread::sleep(Duration::from_millis(50));
     write_synced(&a.path("a/c/0"), &[0x22; 16]);
-    a.kill_daemon();
-    let _ = a.unmount(&[]);
+    a.crash();
     await_one_journal(&backing);
     assert_eq!(
         fs::read(b.path("a/c/0")).unwrap(),
@@ -1112,8 +1104,7 @@ fn a_dead_mounts_fsynced_chunk_follows_its_array_moved_by_another_mount() {
     let args = ["--chunks-per-shard", "2", "--idle-flush", "600"];
     let (_d, backing, a, b) = a_with_two_pending_chunks(&args);
     fs::rename(b.path("a"), b.path("moved")).unwrap();
-    a.kill_daemon();
-    let _ = a.unmount(&[]);
+    a.crash();
     drop(a);
     await_one_journal(&backing);
     assert_eq!(fs::read(b.path("moved/c/2")).unwrap(), vec![0xA2; 16]);

@@ -553,8 +553,7 @@ impl World {
         if let Some(layer) = self.layer.take() {
             layer.cut();
         }
-        dead.kill_daemon();
-        let _ = dead.unmount(&[]);
+        dead.crash();
         let mountpoint = dead.mountpoint.clone();
         if self.layer.is_none() && self.backing != self.disk {
             // The machine back: the disk as the cut left it (with room again), under a new

@@ -668,12 +668,9 @@ fn a_killed_daemon_loses_only_what_was_never_synced() {
     b.sync_all().unwrap();
     drop(b);
     fs::write(arr.join("c/3/3"), chunk(3)).unwrap();
-    m.kill_daemon();
-    let cleared = m.unmount(&[]);
-    assert_eq!(cleared.status.code(), Some(1));
     // The next mount replays the journal of the dead one: what was fsync'ed goes into its
     // shard before the mount goes live.
-    let again = Mounted::new(&backing, &["--chunks-per-shard", "2"], LIMIT);
+    let again = m.crash_and_remount(&["--chunks-per-shard", "2"], LIMIT);
     assert_eq!(stats(&again)["replayed_records"], 1);
     assert_ok(&again.unmount(&[]), "unmount after replay");
     // No torn shard, and the fsync'ed chunk is there. The others were never synced: lost
@@ -720,7 +717,7 @@ fn a_chunk_renamed_in_then_its_directory_fsynced_survives_a_kill_before_close() 
     m.kill_daemon();
     drop(f);
     drop(dir);
-    assert_eq!(m.unmount(&[]).status.code(), Some(1));
+    m.crash();
     // The shard was new: the chunk waits in its body, which the next mount replays.
     let bodies: Vec<String> = files_below(&backing)
         .into_iter()
@@ -756,9 +753,7 @@ fn an_unlink_then_its_directory_fsynced_survives_a_kill() {
     let m = Mounted::new(&backing, &args, LIMIT);
     fs::remove_file(m.path("a/c/0/1")).unwrap();
     fs::File::open(m.path("a/c/0")).unwrap().sync_all().unwrap();
-    m.kill_daemon();
-    assert_eq!(m.unmount(&[]).status.code(), Some(1));
-    let again = Mounted::new(&backing, &args, LIMIT);
+    let again = m.crash_and_remount(&args, LIMIT);
     assert_eq!(fs::read(again.path("a/c/0/0")).unwrap(), chunk(1));
     assert!(
         !again.path("a/c/0/1").exists(),

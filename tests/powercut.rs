@@ -119,8 +119,7 @@ fn mounted_over_layer(dir: &Path) -> (CutFs, Mounted, PathBuf) {
 /// disk holds (its journal replayed) must work.
 fn power_cut(layer: CutFs, m: Mounted, disk: &Path) -> Mounted {
     layer.cut();
-    m.kill_daemon();
-    let _ = m.unmount(&[]);
+    m.crash();
     drop(m);
     Mounted::new(disk, &["--chunks-per-shard", "4"], LIMIT)
 }

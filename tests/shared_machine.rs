@@ -310,8 +310,7 @@ fn dead_journal() -> (tempfile::TempDir, std::path::PathBuf) {
     std::io::Write::write_all(&mut f, &[0x11; 16]).unwrap();
     f.sync_all().unwrap();
     drop(f);
-    m.kill_daemon();
-    let _ = m.unmount(&[]);
+    m.crash();
     (d, backing)
 }
 

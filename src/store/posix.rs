@@ -57,7 +57,7 @@ impl Store for Backing {
         parts: &[Bytes],
         when: Precondition,
     ) -> Result<ObjectInfo, StoreError> {
-        let (lock, current) = self.locked_if(within, key, &when)?;
+        let (lock, current) = locked_if(self, within, key, &when)?;
         let durability = if current.is_some() {
             Durability::DataBeforeRename
         } else {
@@ -77,7 +77,7 @@ impl Store for Backing {
         key: &Path,
         when: Precondition,
     ) -> Result<bool, StoreError> {
-        let (lock, _) = self.locked_if(within, key, &when)?;
+        let (lock, _) = locked_if(self, within, key, &when)?;
         let dir = lock.dir_rel().to_path_buf();
         let removed = lock.remove()?;
         self.prune_empty_dirs(&dir, dir.ancestors().last().unwrap_or(&dir));
@@ -106,28 +106,26 @@ impl Store for Backing {
     }
 }
 
-impl Backing {
-    /// The key lock of `key` and its file as it is, if `when` holds for it: under the lock
-    /// nobody who follows the protocol changes it before the write that follows.
-    fn locked_if(
-        &self,
-        within: Within,
-        key: &Path,
-        when: &Precondition,
-    ) -> Result<(crate::backing::lock::KeyLock, Option<Metadata>), StoreError> {
-        let lock = self.lock_key_within(key, within)?;
-        // In the locked directory: the one checked, whatever is at its path now.
-        let file = lock.current()?;
-        let current = file.as_ref().map(File::metadata).transpose()?;
-        let tag = match &file {
-            Some(f) => Some(file_info(f)?.tag),
-            None => None,
-        };
-        if !when.holds(tag.as_deref()) {
-            return Err(StoreError::Conflict(self.describe(key)));
-        }
-        Ok((lock, current))
+/// The key lock of `key` in `backing` and its file as it is, if `when` holds for it:
+/// under the lock nobody who follows the protocol changes it before the write that follows.
+fn locked_if(
+    backing: &Backing,
+    within: Within,
+    key: &Path,
+    when: &Precondition,
+) -> Result<(crate::backing::lock::KeyLock, Option<Metadata>), StoreError> {
+    let lock = backing.lock_key_within(key, within)?;
+    // In the locked directory: the one checked, whatever is at its path now.
+    let file = lock.current()?;
+    let current = file.as_ref().map(File::metadata).transpose()?;
+    let tag = match &file {
+        Some(f) => Some(file_info(f)?.tag),
+        None => None,
+    };
+    if !when.holds(tag.as_deref()) {
+        return Err(StoreError::Conflict(backing.describe(key)));
     }
+    Ok((lock, current))
 }
 
 /// A file's version (also of shards this mount writes): a rewrite by rename changes the

@@ -243,9 +243,31 @@ impl Mounted {
                 .starts_with('Z')
     }
 
-    /// Waits until the daemon has exited.
-    /// Kills the daemon with SIGKILL (a crash) and waits until it is gone.
+    /// A crash: the daemon killed with SIGKILL, then its dead mount cleared as a user
+    /// would (`shardfs unmount`, which says so and exits 1).
+    pub fn crash(&self) {
+        self.kill_daemon();
+        let cleared = self.unmount(&[]);
+        let said = String::from_utf8_lossy(&cleared.stderr);
+        assert_eq!(cleared.status.code(), Some(1), "{said}");
+        assert!(said.contains("dead mount and has been cleared"), "{said}");
+    }
+
+    /// A crash, then BACKING mounted again with `args` (the new mount replays the dead
+    /// one's journal before it goes live).
+    pub fn crash_and_remount(self, args: &[&str], limit: Duration) -> Mounted {
+        self.crash();
+        let backing = self.backing.clone();
+        drop(self);
+        Mounted::new(&backing, args, limit)
+    }
+
+    /// Kills the daemon with SIGKILL (a crash) and waits until it is gone (at once if it
+    /// is gone already).
     pub fn kill_daemon(&self) {
+        if !self.daemon_alive() {
+            return;
+        }
         let kill = Command::new("kill")
             .arg("-KILL")
             .arg(self.pid.to_string())
