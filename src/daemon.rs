@@ -119,7 +119,7 @@ fn is_dead_mount(mountpoint: &Path) -> bool {
         let mut buf: libc::statfs = std::mem::zeroed();
         libc::statfs(c.as_ptr(), &mut buf) != 0
     };
-    failed && io::Error::last_os_error().raw_os_error() == Some(libc::ENOTCONN)
+    failed && crate::mounts::is_disconnected(&io::Error::last_os_error())
 }
 
 /// `shardfs mount` without `--foreground`: starts the daemon and waits until it serves.

@@ -108,6 +108,13 @@ fn open_path(path: &Path, flags: i32) -> io::Result<OwnedFd> {
     Ok(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) })
 }
 
+/// Whether `e` is what a FUSE mount whose daemon is gone answers: ENOTCONN, or, for a
+/// request that was on its way when the connection went (the daemon killed just then),
+/// ECONNABORTED.
+pub fn is_disconnected(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOTCONN | libc::ECONNABORTED))
+}
+
 /// A mount point, held by its parent directory (opened once): every later look at it,
 /// and its unmount, go through that directory, never again through the path given.
 #[derive(Debug)]
@@ -164,7 +171,8 @@ impl Pinned {
     }
 
     /// Whether it is a FUSE mount whose daemon is gone. `statfs` always reaches the daemon
-    /// (a `stat` may be answered from the kernel's attribute cache), so it tells.
+    /// (a `stat` may be answered from the kernel's attribute cache), so it tells
+    /// (`is_disconnected`).
     pub fn is_dead(&self) -> bool {
         let Ok(root) = open_path(&self.path(), libc::O_NOFOLLOW) else {
             return false;
@@ -174,7 +182,7 @@ impl Pinned {
             let mut buf: libc::statfs = std::mem::zeroed();
             libc::fstatfs(root.as_raw_fd(), &mut buf) != 0
         };
-        failed && io::Error::last_os_error().raw_os_error() == Some(libc::ENOTCONN)
+        failed && is_disconnected(&io::Error::last_os_error())
     }
 
     /// Unmounts what is at the name (root only: `umount2`), its last component never
