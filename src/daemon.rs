@@ -545,7 +545,7 @@ fn finish(
     };
     let mut failed = flush();
     let deadline = Instant::now() + EXIT_RETRY;
-    let giving_up = || core.giving_up.load(std::sync::atomic::Ordering::SeqCst);
+    let giving_up = || core.giving_up();
     while !failed.is_empty() && Instant::now() < deadline && !giving_up() {
         error!(
             "{} items not written yet, retrying: {}",

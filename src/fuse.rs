@@ -59,7 +59,7 @@ impl FuseAdapter {
             .unwrap_or_else(|| Err(FsError::Io(io::Error::other("internal error"))));
         // Every refusal a request meets reaches the log here (once).
         if let Err(e) = &result {
-            self.core.refusals.note_error(e);
+            self.core.note_refusal(e);
         }
         result
     }

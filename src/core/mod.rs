@@ -97,27 +97,27 @@ impl Default for WriteConfig {
 
 #[derive(Debug)]
 pub struct ShardFs {
-    pub(crate) backing: Backing,
-    pub(crate) inodes: InodeTable,
-    pub(crate) classifier: Classifier,
-    pub(crate) handles: HandleTable,
-    pub(crate) shards: ShardRegistry,
-    pub(crate) temps: TempNames,
-    pub(crate) config: WriteConfig,
-    pub(crate) daemon: DaemonInfo,
+    backing: Backing,
+    inodes: InodeTable,
+    classifier: Classifier,
+    handles: HandleTable,
+    shards: ShardRegistry,
+    temps: TempNames,
+    config: WriteConfig,
+    daemon: DaemonInfo,
     /// Held (shared) while a file or directory is made in a plain directory, and
     /// exclusively while a directory becomes an array: chunk files written before the
     /// metadata are all moved into shards, none slips in between.
-    pub(crate) plain_names: std::sync::RwLock<()>,
-    pub(crate) gate: Gate,
+    plain_names: std::sync::RwLock<()>,
+    gate: Gate,
     /// Records of dead mounts' journals that could not be applied yet (`durable.rs`).
-    pub(crate) unreplayed: std::sync::Mutex<Vec<crate::journal::Replayed>>,
+    unreplayed: std::sync::Mutex<Vec<crate::journal::Replayed>>,
     /// Where what is not a shard is kept: BACKING, or an object store's mirror in it.
-    pub(crate) tree: tree::Tree,
+    tree: tree::Tree,
     /// Where refused requests are logged, and counted.
-    pub refusals: Arc<refusal::RefusalLog>,
+    refusals: Arc<refusal::RefusalLog>,
     /// `shardfs unmount --give-up` asked: the final flush is tried once, not retried.
-    pub(crate) giving_up: std::sync::atomic::AtomicBool,
+    giving_up: std::sync::atomic::AtomicBool,
 }
 
 /// Orders the changes of pending chunks against the few operations during which none may
@@ -204,6 +204,16 @@ impl ShardFs {
     /// Whose the file held in memory at `rel` is (`MemFile::maker`), if one is held there.
     pub(crate) fn held_maker(&self, rel: &std::path::Path) -> Option<crate::backing::FileOwner> {
         self.temps.file(rel).and_then(|f| f.maker())
+    }
+
+    /// Notes a refusal a request met (logged once: `RefusalLog`).
+    pub fn note_refusal(&self, e: &FsError) {
+        self.refusals.note_error(e);
+    }
+
+    /// Whether `shardfs unmount --give-up` was asked.
+    pub fn giving_up(&self) -> bool {
+        self.giving_up.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     pub fn backing(&self) -> &Backing {
