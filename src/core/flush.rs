@@ -236,6 +236,7 @@ impl ShardFs {
         let written = match self
             .tree
             .write_whole(rel, &segments, durable, file.maker(), made)
+            .map_err(FsError::from)
         {
             Err(e) if e.lost_to_another_node() => {
                 self.forsake_lost(rel, file);

@@ -780,8 +780,7 @@ impl ShardFs {
         };
         if writable {
             // A file changed in place could not be published whole.
-            self.tree
-                .may_change_in_place(&info.rel, "a write in place")?;
+            self.may_change_in_place(&info.rel, "a write in place")?;
         }
         let file = self.backing.open_file(&info.rel, how)?;
         // The kernel checked the caller's permission against attributes it had cached;

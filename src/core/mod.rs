@@ -5,8 +5,8 @@
 //! (opening for write, writing, flush, fsync, truncation), `namespace.rs` (create, mkdir,
 //! unlink, rmdir, rename, link), `commit.rs` (a `zarr.json` written through the mount),
 //! `flush.rs` (idle, memory-pressure and unmount flushing, stats). Parts with state of
-//! their own: `tree.rs` (where what is not a shard is kept, BACKING or an object store's
-//! mirror), `shards/` (pending shards), `inode.rs`, `handle.rs`, `temp.rs`, `classify.rs`.
+//! their own: the tree (`store::tree`: where what is not a shard is kept, BACKING or an
+//! object store's mirror), `shards/` (pending shards), `inode.rs`, `handle.rs`, `temp.rs`, `classify.rs`.
 
 pub mod array;
 pub mod attr;
@@ -26,7 +26,6 @@ pub mod refusal;
 pub mod shards;
 pub mod stats;
 pub mod temp;
-mod tree;
 pub mod write;
 
 use std::path::PathBuf;
@@ -113,7 +112,7 @@ pub struct ShardFs {
     /// Records of dead mounts' journals that could not be applied yet (`durable.rs`).
     unreplayed: std::sync::Mutex<Vec<crate::journal::Replayed>>,
     /// Where what is not a shard is kept: BACKING, or an object store's mirror in it.
-    tree: tree::Tree,
+    tree: Box<dyn crate::store::tree::Tree>,
     /// Where refused requests are logged, and counted.
     refusals: Arc<refusal::RefusalLog>,
     /// `shardfs unmount --give-up` asked: the final flush is tried once, not retried.
@@ -190,15 +189,35 @@ impl ShardFs {
             gate: Gate::default(),
             unreplayed: std::sync::Mutex::default(),
             giving_up: Default::default(),
-            tree: tree::Tree::local(tree_backing),
+            tree: Box::new(crate::store::tree::Local(tree_backing)),
         }
     }
 
     /// Publishes what is written to BACKING outside the shards to `store` (BACKING is
-    /// then a mirror of it: `tree`).
+    /// then a mirror of it: `store::tree::Mirror`).
     pub fn publishing_to(mut self, store: Arc<crate::store::mirror::Published>) -> ShardFs {
-        self.tree = self.tree.mirroring(store);
+        self.tree = Box::new(crate::store::tree::Mirror {
+            local: self.backing.clone(),
+            published: store,
+        });
         self
+    }
+
+    /// Refuses, where the tree takes no change in place, the change `what` asked of `rel`
+    /// (a link, a special file, a write in place: nothing an object store can hold).
+    pub(crate) fn may_change_in_place(
+        &self,
+        rel: &std::path::Path,
+        what: &str,
+    ) -> Result<(), FsError> {
+        match self.tree.changes_in_place() {
+            true => Ok(()),
+            false => Err(FsError::refused(
+                rel,
+                refusal::Rule::ObjectStoreInPlaceChange,
+                what,
+            )),
+        }
     }
 
     /// Whose the file held in memory at `rel` is (`MemFile::maker`), if one is held there.

@@ -271,8 +271,7 @@ impl ShardFs {
         self.may_make_at(&place, caller)?;
         let kind = match place {
             Place::Plain(rel) | Place::Extra(rel) => {
-                self.tree
-                    .may_change_in_place(&rel, "a file created in place")?;
+                self.may_change_in_place(&rel, "a file created in place")?;
                 let how = OpenMode {
                     read: true,
                     write: true,
@@ -1082,8 +1081,7 @@ impl ShardFs {
         by: Caller,
     ) -> Result<Attr, FsError> {
         if !self.tree.changes_in_place() {
-            self.tree
-                .may_change_in_place(&self.node(ino)?.rel, "a hard link")?;
+            self.may_change_in_place(&self.node(ino)?.rel, "a hard link")?;
         }
         let _gate = self.gate.for_request(newname == METADATA_FILE);
         let (dp, place, _shared) = self.place_held(newparent, newname)?;
@@ -1141,7 +1139,7 @@ impl ShardFs {
     ) -> Result<Attr, FsError> {
         if !self.tree.changes_in_place() {
             let rel = join_rel(&self.node(parent)?.rel, name);
-            self.tree.may_change_in_place(&rel, "a symbolic link")?;
+            self.may_change_in_place(&rel, "a symbolic link")?;
         }
         let (p, place, _shared) = self.place_held(parent, name)?;
         if self.exists(&p, name)? {
@@ -1181,7 +1179,7 @@ impl ShardFs {
         }
         if !self.tree.changes_in_place() {
             let rel = join_rel(&self.node(parent)?.rel, name);
-            self.tree.may_change_in_place(&rel, "a special file")?;
+            self.may_change_in_place(&rel, "a special file")?;
         }
         let (p, place, _shared) = self.place_held(parent, name)?;
         if self.exists(&p, name)? {

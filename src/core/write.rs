@@ -390,6 +390,7 @@ impl ShardFs {
                 Some(f.with(|s| s.changed)),
             )
             .map(drop)
+            .map_err(FsError::from)
     }
 
     /// fsync of a directory: every pending chunk below it is made durable, and so is every
@@ -452,8 +453,7 @@ impl ShardFs {
                 refuse_truncation(&info.rel, set)?;
                 if set.change.mode.is_some() || set.change.uid.is_some() || set.change.gid.is_some()
                 {
-                    self.tree
-                        .may_change_in_place(&info.rel, "a change of owner or mode")?;
+                    self.may_change_in_place(&info.rel, "a change of owner or mode")?;
                 }
                 self.set_backing_attr(&info.rel, set)?;
             }
@@ -552,7 +552,7 @@ impl ShardFs {
     /// against that inode (`Backing::change_attrs`: the kernel checked a cached view).
     fn set_backing_attr(&self, rel: &Path, set: &SetAttr) -> Result<(), FsError> {
         if set.change.size.is_some() {
-            self.tree.may_change_in_place(rel, "a truncation")?;
+            self.may_change_in_place(rel, "a truncation")?;
         }
         let opened = set.fh.and_then(|fh| self.handles.get(fh).ok());
         let file = opened.as_deref().and_then(|h| match h {

@@ -10,6 +10,7 @@
 pub mod mirror;
 pub mod object;
 pub mod posix;
+pub mod tree;
 
 use std::fmt::Debug;
 use std::io;
