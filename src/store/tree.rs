@@ -116,3 +116,104 @@ impl Tree for Mirror {
         self.published.revalidate(&self.local, rel)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Store;
+
+    fn dirs() -> (tempfile::TempDir, Backing, Backing) {
+        let d = tempfile::tempdir().unwrap();
+        let (local, store) = (d.path().join("local"), d.path().join("store"));
+        std::fs::create_dir_all(&local).unwrap();
+        std::fs::create_dir_all(&store).unwrap();
+        (
+            d,
+            Backing::new(local).unwrap(),
+            Backing::new(store).unwrap(),
+        )
+    }
+
+    fn mirror(local: &Backing, store: &Backing) -> Mirror {
+        let store: Arc<dyn Store> = Arc::new(store.clone());
+        Mirror {
+            local: local.clone(),
+            published: Arc::new(Published::new(store, Default::default())),
+        }
+    }
+
+    fn read(b: &Backing, rel: &str) -> Option<Vec<u8>> {
+        std::fs::read(b.root().join(rel)).ok()
+    }
+
+    #[test]
+    fn a_local_tree_writes_and_removes_in_backing_and_allows_changes_in_place() {
+        let (_d, local, _) = dirs();
+        let tree = Local(local.clone());
+        tree.write_whole(
+            Path::new("a/zarr.json"),
+            &[Bytes::from_static(b"{}")],
+            true,
+            None,
+            None,
+        )
+        .unwrap();
+        assert_eq!(read(&local, "a/zarr.json").as_deref(), Some(&b"{}"[..]));
+        assert!(tree.remove_whole(Path::new("a/zarr.json")).unwrap());
+        assert!(!tree.remove_whole(Path::new("a/zarr.json")).unwrap());
+        assert!(tree.changes_in_place() && !tree.shared_by_nodes());
+        assert!(!tree.revalidate_document(Path::new("a/zarr.json")));
+    }
+
+    /// The store is the truth: a write goes there first, and one the store refuses (a
+    /// newer version another node put there) changes nothing locally and takes the
+    /// store's version.
+    #[test]
+    fn a_mirror_publishes_first_and_never_overwrites_another_nodes_version() {
+        let (_d, local, store) = dirs();
+        let tree = mirror(&local, &store);
+        let doc = Path::new("a/zarr.json");
+        tree.write_whole(doc, &[Bytes::from_static(b"mine")], true, None, None)
+            .unwrap();
+        assert_eq!(read(&store, "a/zarr.json").as_deref(), Some(&b"mine"[..]));
+        assert_eq!(read(&local, "a/zarr.json").as_deref(), Some(&b"mine"[..]));
+        // Another node replaces it in the store.
+        store
+            .write_atomic(doc, &[Bytes::from_static(b"theirs!")], true, None)
+            .unwrap();
+        let lost = tree.write_whole(doc, &[Bytes::from_static(b"mine again")], true, None, None);
+        assert!(lost.is_err(), "a write over another node's version");
+        assert_eq!(
+            read(&store, "a/zarr.json").as_deref(),
+            Some(&b"theirs!"[..])
+        );
+        assert_eq!(
+            read(&local, "a/zarr.json").as_deref(),
+            Some(&b"theirs!"[..])
+        );
+        assert!(!tree.changes_in_place() && tree.shared_by_nodes());
+    }
+
+    /// A document changed in the store by another node is taken before it is opened; a
+    /// removal goes to the store first.
+    #[test]
+    fn a_mirror_takes_another_nodes_document_and_removes_from_the_store() {
+        let (_d, local, store) = dirs();
+        let tree = mirror(&local, &store);
+        let doc = Path::new("zarr.json");
+        tree.write_whole(doc, &[Bytes::from_static(b"v1")], true, None, None)
+            .unwrap();
+        store
+            .write_atomic(doc, &[Bytes::from_static(b"v2, longer")], true, None)
+            .unwrap();
+        assert!(tree.revalidate_document(doc));
+        assert_eq!(
+            read(&local, "zarr.json").as_deref(),
+            Some(&b"v2, longer"[..])
+        );
+        assert!(!tree.revalidate_document(doc), "believed for a second");
+        assert!(tree.remove_whole(doc).unwrap());
+        assert_eq!(read(&store, "zarr.json"), None);
+        assert_eq!(read(&local, "zarr.json"), None);
+    }
+}
