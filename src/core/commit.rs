@@ -11,9 +11,9 @@ use bytes::Bytes;
 use tracing::{info, warn};
 
 use super::ShardFs;
+use super::array::ArrayName;
 use super::array::ArrayState;
 use super::error::FsError;
-use super::lookup::ArrayName;
 use super::memfile::{FileData, MemFile};
 use super::shards::WriteMode;
 use crate::backing::FileVersion;

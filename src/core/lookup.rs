@@ -9,6 +9,7 @@ use std::time::SystemTime;
 
 use bytes::Bytes;
 
+use super::array::ArrayName;
 use super::array::ArrayState;
 use super::attr::Attr;
 use super::classify::DirClass;
@@ -20,7 +21,7 @@ use super::shards::ChunkData;
 use super::{CONTROL_FILE, CONTROL_SIZE, ShardFs};
 use crate::backing::{OpenMode, join_rel};
 use crate::sync::lock;
-use crate::zarr::{KeyNode, METADATA_FILE, Separator};
+use crate::zarr::{KeyNode, METADATA_FILE};
 
 /// An opened file: its handle, and how the kernel should cache it.
 #[derive(Clone, Copy, Debug)]
@@ -44,63 +45,6 @@ pub struct StatFs {
     pub bsize: u32,
     pub namelen: u32,
     pub frsize: u32,
-}
-
-/// What a name inside a directory of an array's key tree is.
-#[derive(Debug, PartialEq)]
-pub(crate) enum ArrayName {
-    /// `zarr.json` in the array directory.
-    Meta,
-    /// A chunk key or key directory inside the grid.
-    Key(KeyNode),
-    /// Shaped like a key (digits and separators) but not a valid one, or outside the grid.
-    BadKey,
-    /// The lock file of a shard (`KEY.__lock`, see `crate::backing::lock`): BACKING's own
-    /// is never shown (its name may equal a writer's temporary file in the view, which is
-    /// held in memory instead).
-    ShardLock,
-    /// Anything else: a temporary file's name, or an extra file of BACKING.
-    Other,
-}
-
-impl ArrayState {
-    pub(crate) fn classify_name(&self, parent: &KeyNode, name: &str) -> ArrayName {
-        if *parent == KeyNode::Root && name == METADATA_FILE {
-            return ArrayName::Meta;
-        }
-        let encoding = self.layout.key_encoding;
-        if let Some(node) = encoding.child(parent, name, self.layout.ndim()) {
-            let grid = self.layout.chunk_grid_shape();
-            let inside = node.prefix().iter().zip(&grid).all(|(c, g)| c < g);
-            return if inside {
-                ArrayName::Key(node)
-            } else {
-                ArrayName::BadKey
-            };
-        }
-        if let Some(stem) = name.strip_suffix(crate::backing::lock::LOCK_SUFFIX)
-            && matches!(self.classify_name(parent, stem), ArrayName::Key(_))
-        {
-            return ArrayName::ShardLock;
-        }
-        let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-        let key_like = match encoding.separator() {
-            Separator::Slash => digits(name) || (*parent == KeyNode::Root && name == "c"),
-            Separator::Dot => {
-                *parent == KeyNode::Root
-                    && (name == "c"
-                        || name.split('.').all(digits)
-                        || name
-                            .strip_prefix("c.")
-                            .is_some_and(|r| r.split('.').all(digits)))
-            }
-        };
-        if key_like {
-            ArrayName::BadKey
-        } else {
-            ArrayName::Other
-        }
-    }
 }
 
 impl ShardFs {

@@ -13,12 +13,13 @@ use bytes::Bytes;
 use tracing::warn;
 
 use super::ShardFs;
+use super::array::ArrayName;
 use super::array::ArrayState;
 use super::attr::Attr;
 use super::error::FsError;
 use super::handle::{FileHandle, Handle};
 use super::inode::{Ino, NodeInfo, NodeKind};
-use super::lookup::{ArrayName, Opened};
+use super::lookup::Opened;
 use super::memfile::{FileData, MemFile};
 use super::shards::ChunkData;
 use crate::backing::{OpenMode, join_rel};
