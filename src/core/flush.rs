@@ -272,7 +272,7 @@ impl ShardFs {
             let result = self.contain("writing a file at unmount", || self.flush_temp(&rel, &file));
             let result = result.unwrap_or_else(|| Err(internal_error()));
             if let Err(e) = result {
-                self.refusals.note_error(&e);
+                self.note_refusal(&e);
                 failed.push(format!("{}: {e}", self.backing.path(&rel).display()));
             }
         }
@@ -281,7 +281,7 @@ impl ShardFs {
                 continue;
             }
             if let Err(e) = self.write_pending(&p, WriteMode::Everything) {
-                self.refusals.note_error(&e);
+                self.note_refusal(&e);
                 let shard = self.shards.describe(&p.array.shard_rel(&p.shard));
                 failed.push(format!("{shard}: {e}"));
             }
@@ -388,13 +388,12 @@ pub(crate) mod tests {
     use super::*;
     use crate::backing::Backing;
     use crate::core::namespace::Caller;
+    use crate::core::shards::PANIC_IN_SHARD_WRITE;
     use crate::core::{DaemonInfo, ROOT};
 
     thread_local! {
         /// Makes `tick` on this thread panic (tests of panic containment).
         pub(crate) static PANIC_IN_TICK: Cell<bool> = const { Cell::new(false) };
-        /// Makes shard writes on this thread panic once the shard is locked.
-        pub(crate) static PANIC_IN_SHARD_WRITE: Cell<bool> = const { Cell::new(false) };
     }
 
     const ARRAY: &str = r#"{"zarr_format":3,"node_type":"array","shape":[4],"data_type":"uint8",

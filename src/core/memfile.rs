@@ -273,14 +273,6 @@ impl MemFile {
         self.id
     }
 
-    /// What a journal record of its current content holds (`shards::ledger`).
-    pub(crate) fn held(&self, version: u64) -> super::shards::Held {
-        super::shards::Held::Content {
-            file: self.id,
-            version,
-        }
-    }
-
     pub fn snapshot(&self) -> MemState {
         lock(&self.state).clone()
     }

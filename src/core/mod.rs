@@ -227,7 +227,9 @@ impl ShardFs {
 
     /// Notes a refusal a request met (logged once: `RefusalLog`).
     pub fn note_refusal(&self, e: &FsError) {
-        self.refusals.note_error(e);
+        if let FsError::Refused(r) = e {
+            self.refusals.note(r);
+        }
     }
 
     /// Whether `shardfs unmount --give-up` was asked.

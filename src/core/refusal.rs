@@ -254,13 +254,6 @@ impl RefusalLog {
         }
     }
 
-    /// Notes `e` when it is a refusal not noted yet.
-    pub fn note_error(&self, e: &super::FsError) {
-        if let super::FsError::Refused(r) = e {
-            self.note(r);
-        }
-    }
-
     pub fn note(&self, r: &Refusal) {
         if r.noted.swap(true, Ordering::Relaxed) {
             return;

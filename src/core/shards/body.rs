@@ -16,7 +16,7 @@ use super::super::array::ArrayState;
 use super::super::error::FsError;
 use super::super::memfile::MemFile;
 use super::records::book;
-use super::{ShardRegistry, ShardSlot};
+use super::{Held, ShardRegistry, ShardSlot};
 use crate::backing::Backing;
 use crate::journal::body::{Body, BodyChunk};
 use crate::journal::record::Was;
@@ -125,7 +125,7 @@ impl ShardRegistry {
                     return None;
                 }
                 let (version, data) = file.content();
-                if st.ledger.holds(pos, file.held(version)) {
+                if st.ledger.holds(pos, Held::of(file, version)) {
                     return None;
                 }
                 Some(Taken {
@@ -273,7 +273,7 @@ impl ShardRegistry {
                     };
                     st.in_body.insert(t.pos, at);
                 }
-                let held = t.file.held(t.version);
+                let held = Held::of(&t.file, t.version);
                 late.extend(book(&mut st, t.pos, t.id, record, held));
                 // Deleted while its record was being written: the removal comes after it.
                 if st.deleted.contains(&t.pos) && st.ledger.needs_removal(t.pos) {

@@ -31,6 +31,16 @@ pub(crate) enum Held {
     Removal,
 }
 
+impl Held {
+    /// What a journal record of `file`'s content at `version` holds.
+    pub(crate) fn of(file: &crate::core::memfile::MemFile, version: u64) -> Held {
+        Held::Content {
+            file: file.id(),
+            version,
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 struct Entry {
     stamp: u64,

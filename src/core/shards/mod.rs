@@ -17,6 +17,9 @@ mod stored;
 mod whereabouts;
 mod write;
 
+#[cfg(test)]
+pub(crate) use write::PANIC_IN_SHARD_WRITE;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -896,7 +899,7 @@ impl ShardRegistry {
             let st = lock(&slot.state);
             for (pos, m) in &st.pending {
                 let (version, durable) = m.with(|s| (s.version, s.unflushed == 0 || s.fsynced));
-                if !durable || st.ledger.holds(*pos, m.held(version)) {
+                if !durable || st.ledger.holds(*pos, Held::of(m, version)) {
                     continue;
                 }
                 let coords = slot.array.layout.chunk_coords(&slot.shard, *pos);

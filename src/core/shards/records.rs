@@ -81,7 +81,7 @@ impl ShardRegistry {
             Some(bytes) => {
                 let file = Arc::new(MemFile::new(FileData::from_bytes(bytes), 0o644));
                 self.charge(file.len() as i64);
-                let held = file.held(0);
+                let held = Held::of(&file, 0);
                 self.put(backing, array, coords, file.clone())?;
                 // Its shard stamps it with the record's time, not the replay's.
                 file.with(|s| s.changed = at);

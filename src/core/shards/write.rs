@@ -408,7 +408,7 @@ impl ShardJob<'_> {
 
     fn attempt(&self, reg: &ShardRegistry) -> Result<Written, FsError> {
         #[cfg(test)]
-        if super::super::flush::tests::PANIC_IN_SHARD_WRITE.get() {
+        if PANIC_IN_SHARD_WRITE.get() {
             panic!("injected panic half-way through a shard write");
         }
         let store = &*reg.store;
@@ -750,6 +750,13 @@ impl ShardJob<'_> {
         }
         Ok(())
     }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Makes shard writes on this thread panic once the shard is locked (tests of panic
+    /// containment, `core::flush`).
+    pub(crate) static PANIC_IN_SHARD_WRITE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// A shard's body that will not become the shard (its array is gone or lost).
