@@ -5,11 +5,9 @@
 //! through a pipe. SIGINT and SIGTERM make the daemon detach the mount; the kernel then ends
 //! the session once no file is open, and the daemon exits after writing its status file.
 
-use std::ffi::CString;
 use std::fs;
 use std::io::{self, Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -95,7 +93,7 @@ fn check_mountpoint(mountpoint: &Path, backing: &Path) -> Result<(), DaemonError
         )));
     }
     let shown = || mountpoint.display().to_string();
-    if is_dead_mount(mountpoint) {
+    if crate::mounts::is_dead_at(mountpoint) {
         return Err(DaemonError::DeadMount(shown()));
     }
     match fs::metadata(mountpoint) {
@@ -106,20 +104,6 @@ fn check_mountpoint(mountpoint: &Path, backing: &Path) -> Result<(), DaemonError
         }
         Ok(_) => Ok(()),
     }
-}
-
-/// Whether `mountpoint` is a FUSE mount whose daemon is gone. `statfs` always reaches the
-/// daemon (a `stat` may be answered from the kernel's attribute cache), so it tells.
-fn is_dead_mount(mountpoint: &Path) -> bool {
-    let Ok(c) = CString::new(mountpoint.as_os_str().as_bytes()) else {
-        return false;
-    };
-    // SAFETY: `c` is a valid C string and `buf` a properly sized out-parameter.
-    let failed = unsafe {
-        let mut buf: libc::statfs = std::mem::zeroed();
-        libc::statfs(c.as_ptr(), &mut buf) != 0
-    };
-    failed && crate::mounts::is_disconnected(&io::Error::last_os_error())
 }
 
 /// `shardfs mount` without `--foreground`: starts the daemon and waits until it serves.
@@ -228,28 +212,6 @@ fn block_signals() -> libc::sigset_t {
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
         set
     }
-}
-
-fn detach(mountpoint: &Path) -> io::Result<()> {
-    umount(mountpoint, true)
-}
-
-/// Unmounts `mountpoint` (`lazy`: detached at once, gone when the last file closes):
-/// `umount2` as root; as another user through `fusermount3` (set-user-ID root, it
-/// unmounts a user's own FUSE mounts only), as the FUSE tools do.
-fn umount(mountpoint: &Path, lazy: bool) -> io::Result<()> {
-    let c = CString::new(mountpoint.as_os_str().as_bytes())
-        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    let flags = libc::UMOUNT_NOFOLLOW | if lazy { libc::MNT_DETACH } else { 0 };
-    // SAFETY: `c` is a valid C string.
-    if unsafe { libc::umount2(c.as_ptr(), flags) } == 0 {
-        return Ok(());
-    }
-    let e = io::Error::last_os_error();
-    if e.raw_os_error() != Some(libc::EPERM) || crate::runtime::is_root() {
-        return Err(e);
-    }
-    fusermount_unmount(mountpoint, lazy)
 }
 
 /// `fusermount3 -u` (or the older `fusermount`), `-z` when `lazy`; its refusal as an
@@ -828,6 +790,15 @@ pub fn unmount(mountpoint: &Path, lazy: bool, give_up: bool) -> Result<(), Daemo
         )));
     }
     daemon_verdict(&info, ours.status, given_up)
+}
+
+/// Detaches the mount at `mountpoint` (the daemon's own, at a signal): pinned first, as
+/// every unmount.
+fn detach(mountpoint: &Path) -> io::Result<()> {
+    match crate::mounts::Pinned::find(mountpoint)? {
+        Some(pinned) => umount_pinned(&pinned, true),
+        None => Err(io::Error::other("no mount there")),
+    }
 }
 
 /// Unmounts the pinned mount (`lazy`: detached at once): `umount2` through its directory

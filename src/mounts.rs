@@ -133,41 +133,25 @@ impl Pinned {
             return Ok(None); // `/`
         };
         let parent = open_path(parent, libc::O_DIRECTORY)?;
-        let pinned = Pinned {
-            parent,
-            name: name.to_os_string(),
-            entry: MountEntry {
-                id: 0,
-                device: String::new(),
-                mount_point: PathBuf::new(),
-                fstype: String::new(),
-                source: OsString::new(),
-                user_id: None,
-            },
-        };
-        let Some(id) = pinned.mount_here()? else {
+        let Some(id) = mount_at(&parent, name)? else {
             return Ok(None);
         };
         let entry = table().into_iter().find(|e| e.id == id);
-        Ok(entry.map(|entry| Pinned { entry, ..pinned }))
+        Ok(entry.map(|entry| Pinned {
+            parent,
+            name: name.to_os_string(),
+            entry,
+        }))
     }
 
     /// The path through the pinned directory: `/proc/self/fd/N/NAME`.
     pub fn path(&self) -> PathBuf {
-        PathBuf::from(format!("/proc/self/fd/{}", self.parent.as_raw_fd())).join(&self.name)
-    }
-
-    /// The id of the mount whose root is at the name now, if one is.
-    fn mount_here(&self) -> io::Result<Option<u64>> {
-        let below = mount_id(&self.parent)?;
-        let root = open_path(&self.path(), libc::O_NOFOLLOW)?;
-        let id = mount_id(&root)?;
-        Ok((id != below).then_some(id))
+        through(&self.parent, &self.name)
     }
 
     /// Whether the mount pinned is still the one at its name.
     pub fn still_there(&self) -> bool {
-        self.mount_here().ok().flatten() == Some(self.entry.id)
+        mount_at(&self.parent, &self.name).ok().flatten() == Some(self.entry.id)
     }
 
     /// Whether it is a FUSE mount whose daemon is gone. `statfs` always reaches the daemon
@@ -201,10 +185,28 @@ impl Pinned {
     pub fn shown(&self) -> String {
         self.entry.mount_point.display().to_string()
     }
+}
 
-    /// The mount point's name within its directory.
-    pub fn name(&self) -> &OsStr {
-        &self.name
+/// `NAME` in the directory `dir` holds open: `/proc/self/fd/N/NAME`.
+fn through(dir: &OwnedFd, name: &OsStr) -> PathBuf {
+    PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd())).join(name)
+}
+
+/// The id of the mount whose root is at `name` in `dir` now, if one is (its root lies in
+/// another mount than the directory).
+fn mount_at(dir: &OwnedFd, name: &OsStr) -> io::Result<Option<u64>> {
+    let below = mount_id(dir)?;
+    let root = open_path(&through(dir, name), libc::O_NOFOLLOW)?;
+    let id = mount_id(&root)?;
+    Ok((id != below).then_some(id))
+}
+
+/// Whether `path` is, or lies in, a FUSE mount whose daemon is gone.
+pub fn is_dead_at(path: &Path) -> bool {
+    match Pinned::find(path) {
+        Ok(Some(pinned)) => pinned.is_dead(),
+        Ok(None) => false,
+        Err(e) => is_disconnected(&e),
     }
 }
 

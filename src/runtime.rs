@@ -126,23 +126,39 @@ pub fn cache_dir() -> io::Result<PathBuf> {
 /// directory others may write, unless sticky, would let them put another in its place
 /// (a cache that is theirs to read, or to fill with a journal to replay).
 fn only_ours_above(dir: &Path) -> io::Result<()> {
-    let real = fs::canonicalize(dir)?;
+    match changeable_by_others(dir, &[euid(), 0], true)? {
+        None => Ok(()),
+        Some((p, _)) => Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "cache directory {} refused: {} may be changed by another user; set \
+                 XDG_CACHE_HOME to a directory of your own, or give --cache-dir",
+                dir.display(),
+                p.display()
+            ),
+        )),
+    }
+}
+
+/// The first of `path` (canonical) and the directories above it that a user other than
+/// those of `trusted` may change, with whether it is because they may write it (else it
+/// is not theirs). Where `sticky_ok`, a sticky directory above `path` is closed enough:
+/// nobody may move there what is not theirs.
+pub fn changeable_by_others(
+    path: &Path,
+    trusted: &[u32],
+    sticky_ok: bool,
+) -> io::Result<Option<(PathBuf, bool)>> {
+    let real = fs::canonicalize(path)?;
     for (i, p) in real.ancestors().enumerate() {
         let m = fs::metadata(p)?;
-        let open = m.mode() & 0o022 != 0 && (i == 0 || m.mode() & libc::S_ISVTX == 0);
-        if (m.uid() != euid() && m.uid() != 0) || open {
-            return Err(io::Error::new(
-                io::ErrorKind::PermissionDenied,
-                format!(
-                    "cache directory {} refused: {} may be changed by another user; set \
-                     XDG_CACHE_HOME to a directory of your own, or give --cache-dir",
-                    dir.display(),
-                    p.display()
-                ),
-            ));
+        let sticky = sticky_ok && i > 0 && m.mode() & libc::S_ISVTX != 0;
+        let open = m.mode() & 0o022 != 0 && !sticky;
+        if open || !trusted.contains(&m.uid()) {
+            return Ok(Some((p.to_path_buf(), open)));
         }
     }
-    Ok(())
+    Ok(None)
 }
 
 /// The private directory's path (not made yet: `ensure_private`), absolute.

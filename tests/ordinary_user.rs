@@ -63,6 +63,12 @@ impl User {
         path.to_path_buf()
     }
 
+    /// The user's BACKING and mount point, `~/b` and `~/m`.
+    fn backing_and_mountpoint(&self) -> (PathBuf, PathBuf) {
+        let b = self.own_dir(&self.home.join("b"));
+        (b, self.own_dir(&self.home.join("m")))
+    }
+
     fn bin(&self) -> PathBuf {
         self.dir.path().join("shardfs")
     }
@@ -116,8 +122,7 @@ const WRITE: &str = "import sys, numpy as np, zarr\n\
 #[test]
 fn an_ordinary_user_mounts_writes_flushes_and_unmounts() {
     let user = User::new();
-    let backing = user.own_dir(&user.home.join("b"));
-    let mnt = user.own_dir(&user.home.join("m"));
+    let (backing, mnt) = user.backing_and_mountpoint();
     let m = mnt.to_str().unwrap();
     assert_ok(
         &user.shardfs(&[
@@ -157,8 +162,7 @@ fn an_ordinary_user_mounts_writes_flushes_and_unmounts() {
 #[test]
 fn an_ordinary_users_lazy_unmount_waits_for_the_last_file() {
     let user = User::new();
-    let backing = user.own_dir(&user.home.join("b"));
-    let mnt = user.own_dir(&user.home.join("m"));
+    let (backing, mnt) = user.backing_and_mountpoint();
     let m = mnt.to_str().unwrap();
     assert_ok(
         &user.shardfs(&["mount", backing.to_str().unwrap(), m]),
@@ -230,8 +234,7 @@ fn an_ordinary_user_mounts_an_object_store_with_default_paths() {
 #[test]
 fn what_keeps_an_ordinary_user_from_mounting_is_said_in_one_line() {
     let user = User::new();
-    let backing = user.own_dir(&user.home.join("b"));
-    let mnt = user.own_dir(&user.home.join("m"));
+    let (backing, mnt) = user.backing_and_mountpoint();
     let (b, m) = (backing.to_str().unwrap(), mnt.to_str().unwrap());
     let refused = |out: Output, needle: &str| {
         let text = stderr(&out);
@@ -322,8 +325,7 @@ fn an_ordinary_user_mounts_where_fusermount3_allows() {
 #[test]
 fn a_user_allow_other_with_a_comment_lets_a_user_share_the_mount() {
     let user = User::new();
-    let backing = user.own_dir(&user.home.join("b"));
-    let mnt = user.own_dir(&user.home.join("m"));
+    let (backing, mnt) = user.backing_and_mountpoint();
     let (b, m) = (backing.to_str().unwrap(), mnt.to_str().unwrap());
     let conf = user.dir.path().join("fuse.conf");
     std::fs::write(&conf, "# shared\nuser_allow_other # users may share\n").unwrap();
@@ -429,8 +431,7 @@ fn a_cache_directory_planted_by_another_user_is_refused() {
 #[test]
 fn an_ordinary_users_unmount_finds_its_daemon_whatever_became_of_the_paths() {
     let user = User::new();
-    let backing = user.own_dir(&user.home.join("b"));
-    let mnt = user.own_dir(&user.home.join("m"));
+    let (backing, mnt) = user.backing_and_mountpoint();
     let work = user.own_dir(&user.home.join("work"));
     let _guard = Unmounted(mnt.clone());
     let m = mnt.to_str().unwrap();
@@ -586,8 +587,7 @@ fn pip_install_shardfs_gives_the_binary_and_a_python_module() {
     assert!(!is_mounted(&mnt));
     check_img(&user.home.join("zarr-data"));
     // The module's edges, as the user.
-    let backing = user.own_dir(&user.home.join("b"));
-    let mnt = user.own_dir(&user.home.join("m"));
+    let (backing, mnt) = user.backing_and_mountpoint();
     let _guard = Unmounted(mnt.clone());
     let dashed = user.home.join("-m");
     let _guard2 = Unmounted(dashed.clone());

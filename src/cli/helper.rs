@@ -127,29 +127,24 @@ pub fn install(prefix: &Path) -> io::Result<PathBuf> {
 /// it, must be changeable by root alone: a binary in a user's venv (`sudo $(which
 /// shardfs) install-mount-helper`) would let that user run anything as root.
 fn only_root_may_change(exe: &Path) -> io::Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    for p in exe.ancestors() {
-        let m = std::fs::metadata(p)?;
-        let open = m.mode() & 0o022 != 0;
-        if m.uid() != 0 || open {
-            let who = match open {
-                true => "may be written by users other than root",
-                false => "is not root's",
-            };
-            return Err(io::Error::new(
-                io::ErrorKind::PermissionDenied,
-                format!(
-                    "{} is refused: {} {who}, and mount(8) would run the binary as root: \
-                     install shardfs where only root may write (e.g. `install -m 755 {} \
-                     /usr/local/bin/shardfs`) and run install-mount-helper from there",
-                    exe.display(),
-                    p.display(),
-                    exe.display()
-                ),
-            ));
-        }
-    }
-    Ok(())
+    let Some((p, open)) = crate::runtime::changeable_by_others(exe, &[0], false)? else {
+        return Ok(());
+    };
+    let who = match open {
+        true => "may be written by users other than root",
+        false => "is not root's",
+    };
+    Err(io::Error::new(
+        io::ErrorKind::PermissionDenied,
+        format!(
+            "{} is refused: {} {who}, and mount(8) would run the binary as root: install \
+             shardfs where only root may write (e.g. `install -m 755 {} \
+             /usr/local/bin/shardfs`) and run install-mount-helper from there",
+            exe.display(),
+            p.display(),
+            exe.display()
+        ),
+    ))
 }
 
 #[cfg(test)]

@@ -197,7 +197,7 @@ impl ShardFs {
     /// then a mirror of it: `store::tree::Mirror`).
     pub fn publishing_to(mut self, store: Arc<crate::store::mirror::Published>) -> ShardFs {
         self.tree = Box::new(crate::store::tree::Mirror {
-            local: self.backing.clone(),
+            local: crate::store::tree::Local(self.backing.clone()),
             published: store,
         });
         self

@@ -79,10 +79,11 @@ impl Tree for Local {
     }
 }
 
-/// An object store's tree, mirrored in `local` (the mount's cache), its changes published.
+/// An object store's tree, mirrored in `local` (the mount's cache), its changes published
+/// first and then made locally as a `Local` tree makes them.
 #[derive(Debug)]
 pub struct Mirror {
-    pub local: Backing,
+    pub local: Local,
     pub published: Arc<Published>,
 }
 
@@ -95,13 +96,13 @@ impl Tree for Mirror {
         owner: Option<FileOwner>,
         made: Option<u64>,
     ) -> io::Result<File> {
-        self.published.put(&self.local, rel, parts, made)?;
-        Ok(self.local.write_atomic(rel, parts, durable, owner)?.1)
+        self.published.put(&self.local.0, rel, parts, made)?;
+        self.local.write_whole(rel, parts, durable, owner, made)
     }
 
     fn remove_whole(&self, rel: &Path) -> io::Result<bool> {
-        self.published.delete(&self.local, rel)?;
-        self.local.remove_file(rel)
+        self.published.delete(&self.local.0, rel)?;
+        self.local.remove_whole(rel)
     }
 
     fn changes_in_place(&self) -> bool {
@@ -113,7 +114,7 @@ impl Tree for Mirror {
     }
 
     fn revalidate_document(&self, rel: &Path) -> bool {
-        self.published.revalidate(&self.local, rel)
+        self.published.revalidate(&self.local.0, rel)
     }
 }
 
@@ -137,7 +138,7 @@ mod tests {
     fn mirror(local: &Backing, store: &Backing) -> Mirror {
         let store: Arc<dyn Store> = Arc::new(store.clone());
         Mirror {
-            local: local.clone(),
+            local: Local(local.clone()),
             published: Arc::new(Published::new(store, Default::default())),
         }
     }
