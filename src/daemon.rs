@@ -58,7 +58,9 @@ pub enum DaemonError {
     NotADirectory(String),
     #[error("{0} is not a shardfs mount")]
     NotShardfs(String),
-    #[error("{0} is busy (files are open on it); close them or use --lazy")]
+    #[error(
+        "{0} is busy (files are open on it, or another shardfs command is using it); close them or use --lazy"
+    )]
     Busy(String),
     #[error("the daemon failed to start: {0}")]
     StartFailed(String),
@@ -252,13 +254,15 @@ fn fusermount_refusal(said: &str) -> io::Error {
 
 /// `path` absolute, with its links resolved, without entering the mount it may name (a
 /// dead mount answers every look inside with ENOTCONN): the directory holding it is
-/// canonicalized, and a last component that is a link followed; `m/.` is `m`.
+/// canonicalized, and a last component that is a link followed; `m/.` is `m`, and
+/// `m/sub/..` is `m`.
 fn resolve_outside(path: &Path) -> PathBuf {
     let mut p = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
     for _ in 0..40 {
         let clean: PathBuf = p.components().collect();
         let (Some(parent), Some(name)) = (clean.parent(), clean.file_name()) else {
-            return clean;
+            // `…/..` (or `/`): what it names lies above, outside any mount it came through.
+            return fs::canonicalize(&clean).unwrap_or(clean);
         };
         let parent = fs::canonicalize(parent).unwrap_or_else(|_| parent.to_path_buf());
         let joined = parent.join(name);
@@ -770,17 +774,19 @@ pub fn unmount(mountpoint: &Path, lazy: bool, give_up: bool) -> Result<(), Daemo
              mounted there meanwhile): nothing unmounted"
         )));
     }
-    if let Err(e) = umount_pinned(&pinned, lazy) {
-        if !pinned.still_there() {
-            return Err(DaemonError::Ended(format!(
-                "{shown} was unmounted meanwhile by another command (which reports what \
-                 its daemon says)"
-            )));
-        }
-        if e.raw_os_error() == Some(libc::EBUSY) {
-            return Err(DaemonError::Busy(shown));
-        }
-        return Err(io_err(&resolved)(e));
+    unmount_now(&pinned, lazy).map_err(|e| match e.raw_os_error() {
+        Some(libc::EBUSY) => DaemonError::Busy(shown.clone()),
+        _ => io_err(&resolved)(e),
+    })?;
+    if let Some(other) = crate::mounts::table()
+        .into_iter()
+        .find(|e| e.device == pinned.entry.device)
+    {
+        return Err(DaemonError::Ended(format!(
+            "unmounted at {shown}, but the same mount is also at {} (a bind mount): its \
+             daemon serves on until that is unmounted too",
+            other.mount_point.display()
+        )));
     }
     if !ours.daemon {
         return Err(DaemonError::Ended(format!(
@@ -790,6 +796,30 @@ pub fn unmount(mountpoint: &Path, lazy: bool, give_up: bool) -> Result<(), Daemo
         )));
     }
     daemon_verdict(&info, ours.status, given_up)
+}
+
+/// Unmounts the pinned mount. Busy is tried again for two seconds: another `shardfs`
+/// command (a second unmount, a flush) holds the control file open a moment, and an
+/// unmount that lost the race to another finds the mount gone, which is no failure.
+fn unmount_now(pinned: &crate::mounts::Pinned, lazy: bool) -> io::Result<()> {
+    let start = Instant::now();
+    loop {
+        match umount_pinned(pinned, lazy) {
+            Err(_) if !pinned.still_there() => {
+                return Err(io::Error::other(
+                    "it was unmounted meanwhile by another command (which reports what its \
+                     daemon says)",
+                ));
+            }
+            Err(e)
+                if e.raw_os_error() == Some(libc::EBUSY)
+                    && start.elapsed() < Duration::from_secs(2) =>
+            {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            r => return r,
+        }
+    }
 }
 
 /// Detaches the mount at `mountpoint` (the daemon's own, at a signal): pinned first, as
@@ -1021,5 +1051,12 @@ mod tests {
         assert_eq!(resolve_outside(&real.join("lnk2")), m);
         assert_eq!(resolve_outside(&m.join(".")), m);
         assert_eq!(resolve_outside(&real.join("lnk").join("")), m);
+        fs::create_dir(m.join("sub")).unwrap();
+        assert_eq!(
+            resolve_outside(&m.join("sub").join("..")),
+            m,
+            "review: `..` last"
+        );
+        assert_eq!(resolve_outside(&real.join("lnk/sub/..")), m);
     }
 }

@@ -534,3 +534,67 @@ fn a_dead_mount_is_detected_and_cleared() {
     let again = Mounted::new(fx.root(), &[], LIMIT);
     assert!(again.path("zp_1d_end_zstd_default/c/1").exists());
 }
+
+/// Two `shardfs unmount` of one mount at once: one unmounts and reports the daemon's
+/// verdict, the other says it lost the race, never that files are open (review: the loser
+/// said "busy", the only open file being the winner's control file).
+#[test]
+fn of_two_unmounts_at_once_the_loser_does_not_say_busy() {
+    for _ in 0..3 {
+        let (_d, backing, _) = common::mount::dirs();
+        let m = Mounted::new(&backing, &[], LIMIT);
+        fs::write(m.path("f.txt"), b"x").unwrap();
+        let path = m.mountpoint.to_str().unwrap().to_string();
+        let other = std::thread::spawn(move || {
+            shardfs_timeout(&["unmount", &path], Duration::from_secs(60))
+        });
+        let mine = m.unmount(&[]);
+        let theirs = other.join().unwrap();
+        let outs = [&mine, &theirs];
+        assert_eq!(
+            outs.iter().filter(|o| o.status.success()).count(),
+            1,
+            "{outs:?}"
+        );
+        for o in outs {
+            assert!(!stderr(o).contains("busy"), "{}", stderr(o));
+        }
+        assert!(!is_mounted(&m.mountpoint));
+        assert_eq!(fs::read(backing.join("f.txt")).unwrap(), b"x");
+    }
+}
+
+/// Unmounting one of two places a mount is bound at says so at once, and leaves the
+/// other serving (review: it waited 90 s for a daemon that went on serving, then said it
+/// was still running).
+#[test]
+fn unmounting_a_bind_mount_of_a_mount_says_so_at_once() {
+    let (d, backing, _) = common::mount::dirs();
+    let m = Mounted::new(&backing, &[], LIMIT);
+    let bound = d.path().join("bound");
+    fs::create_dir(&bound).unwrap();
+    let ok = std::process::Command::new("mount")
+        .arg("--bind")
+        .arg(&m.mountpoint)
+        .arg(&bound)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "mount --bind");
+    let start = std::time::Instant::now();
+    let out = shardfs_timeout(
+        &["unmount", bound.to_str().unwrap()],
+        Duration::from_secs(60),
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("bind mount"), "{}", stderr(&out));
+    assert!(!is_mounted(&bound));
+    fs::write(m.path("g.txt"), b"still served").unwrap();
+    assert_ok(&m.unmount(&[]), "unmount the other");
+    assert_eq!(fs::read(backing.join("g.txt")).unwrap(), b"still served");
+}
