@@ -9,7 +9,7 @@ use std::path::Path;
 use bytes::Bytes;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use shardfs::backing::Backing;
-use shardfs::core::namespace::Caller;
+use shardfs::core::fs::namespace::Caller;
 use shardfs::core::{DaemonInfo, Ino, ROOT, ShardFs, WriteConfig};
 use shardfs::shard::{
     ChunkRange, IndexCodec, IndexFormat, IndexLocation, ShardBuilder, ShardIndex,

@@ -17,8 +17,8 @@ use tracing::debug;
 
 use crate::backing::AttrChange;
 use crate::core::errno::ToErrno;
-use crate::core::namespace::{Caller, RenameFlags as CoreRenameFlags};
-use crate::core::write::SetAttr;
+use crate::core::fs::namespace::{Caller, RenameFlags as CoreRenameFlags};
+use crate::core::fs::write::SetAttr;
 use crate::core::{Attr, FileType, FsError, Opened, ShardFs};
 
 /// How long the kernel may trust names and attributes without asking again. BACKING may be

@@ -258,7 +258,7 @@ fn key_listings_find_entries_that_only_later_shards_hold() {
         fs.unlink(
             p,
             OsStr::new(leaf),
-            shardfs::core::namespace::Caller::daemon(),
+            shardfs::core::fs::namespace::Caller::daemon(),
         )
         .unwrap();
     };

@@ -7,8 +7,8 @@ use std::time::SystemTime;
 
 use bytes::Bytes;
 
-use super::error::FsError;
 use crate::backing::{FileVersion, join_rel};
+use crate::core::error::FsError;
 use crate::grid;
 use crate::store::Store;
 use crate::zarr::{ArrayMetadata, KeyNode, METADATA_FILE, Separator, ShardLayout};

@@ -2,7 +2,7 @@
 //! (into which every lower part's errors are turned) as the adapter answers them. A
 //! refusal's errno is part of its rule (`refusal::Rule::errno`, beside its text and fix).
 
-use super::FsError;
+use crate::core::FsError;
 
 pub trait ToErrno {
     fn to_errno(&self) -> i32;

@@ -4,7 +4,7 @@ use std::io;
 
 use thiserror::Error;
 
-use super::refusal::{Refusal, Rule};
+use crate::core::refusal::{Refusal, Rule};
 use crate::shard::IndexError;
 
 #[derive(Debug, Error)]

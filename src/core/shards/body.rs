@@ -12,12 +12,12 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::super::array::ArrayState;
-use super::super::error::FsError;
-use super::super::memfile::MemFile;
 use super::records::book;
 use super::{Held, ShardRegistry, ShardSlot};
 use crate::backing::Backing;
+use crate::core::array::ArrayState;
+use crate::core::error::FsError;
+use crate::core::pending::memfile::MemFile;
 use crate::journal::body::{Body, BodyChunk};
 use crate::journal::record::Was;
 use crate::journal::{Entry, Journal, RecordRef};

@@ -33,7 +33,7 @@ pub(crate) enum Held {
 
 impl Held {
     /// What a journal record of `file`'s content at `version` holds.
-    pub(crate) fn of(file: &crate::core::memfile::MemFile, version: u64) -> Held {
+    pub(crate) fn of(file: &crate::core::pending::memfile::MemFile, version: u64) -> Held {
         Held::Content {
             file: file.id(),
             version,

@@ -29,11 +29,11 @@ use std::time::{Instant, SystemTime};
 use bytes::Bytes;
 use tracing::warn;
 
-use super::array::ArrayState;
-use super::error::FsError;
-use super::memfile::{FileData, MemFile};
-use super::stats::Stats;
 use crate::backing::Backing;
+use crate::core::array::ArrayState;
+use crate::core::error::FsError;
+use crate::core::pending::memfile::{FileData, MemFile};
+use crate::core::stats::Stats;
 use crate::shard::IndexError;
 use crate::sync::lock;
 pub(crate) use body::PendingChunk;
@@ -704,7 +704,7 @@ impl ShardRegistry {
         st.deleted.remove(&loc.pos);
         st.removed_at.remove(&loc.pos);
         // Its content is this key's from now on (`shard::stamps`).
-        file.with(|s| s.changed = crate::core::memfile::now_ns());
+        file.with(|s| s.changed = crate::core::pending::memfile::now_ns());
         if file.settled() {
             st.done.insert(loc.pos);
         }
@@ -782,7 +782,7 @@ impl ShardRegistry {
         if stored || had_pending.is_some() {
             st.deleted.insert(loc.pos);
             st.removed_at
-                .insert(loc.pos, crate::core::memfile::now_ns());
+                .insert(loc.pos, crate::core::pending::memfile::now_ns());
         }
         if existed {
             st.done.insert(loc.pos);

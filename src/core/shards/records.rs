@@ -7,11 +7,11 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::super::array::ArrayState;
-use super::super::error::FsError;
-use super::super::memfile::{FileData, MemFile};
 use super::{Held, ShardRegistry, ShardSlot, ShardState};
 use crate::backing::Backing;
+use crate::core::array::ArrayState;
+use crate::core::error::FsError;
+use crate::core::pending::memfile::{FileData, MemFile};
 use crate::journal::record::Was;
 use crate::journal::{Entry, RecordRef};
 use crate::sync::lock;

@@ -10,7 +10,7 @@ use std::time::SystemTime;
 use bytes::Bytes;
 use tracing::warn;
 
-use super::super::error::FsError;
+use crate::core::error::FsError;
 use crate::shard::{
     ChunkRange, IndexError, IndexFormat, IndexLocation, ShardFileError, ShardIndex,
     read_chunk_part, read_index,
@@ -96,8 +96,8 @@ impl OpenShard {
             let len = self.file.info().size;
             let mut stamps =
                 crate::shard::stamps::read(&*self.file, len, &self.stored.format, index)?;
-            let limit =
-                crate::core::memfile::now_ns().saturating_add(FUTURE_SLACK.as_nanos() as u64);
+            let limit = crate::core::pending::memfile::now_ns()
+                .saturating_add(FUTURE_SLACK.as_nanos() as u64);
             let ahead = stamps.iter().filter(|&&t| t > limit).count();
             if ahead > 0 {
                 warn!(

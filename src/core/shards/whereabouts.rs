@@ -13,10 +13,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::super::array::ArrayState;
-use super::super::memfile::MAX_METADATA_BYTES;
 use super::ShardRegistry;
 use crate::backing::{Backing, DirNow, EntryKind};
+use crate::core::array::ArrayState;
+use crate::core::pending::memfile::MAX_METADATA_BYTES;
 use crate::sync::lock;
 use crate::zarr::{METADATA_FILE, Node};
 

@@ -11,17 +11,17 @@ use std::time::Instant;
 use bytes::Bytes;
 use tracing::{debug, error, info, warn};
 
-use super::super::array::ArrayState;
-use super::super::error::FsError;
-use super::super::memfile::MemFile;
-use super::super::stats::Stats;
 use super::body::InBody;
 use super::stored::{OpenShard, StoredIndex, open_shard};
 use super::whereabouts::Whereabouts;
 use super::{Failure, ShardRegistry, ShardSlot};
 use crate::backing::Backing;
 use crate::backing::lock::Within;
+use crate::core::array::ArrayState;
 use crate::core::errno::ToErrno;
+use crate::core::error::FsError;
+use crate::core::pending::memfile::MemFile;
+use crate::core::stats::Stats;
 use crate::journal::Journal;
 use crate::journal::RecordRef;
 use crate::journal::body::Finishing;
@@ -755,7 +755,7 @@ impl ShardJob<'_> {
 #[cfg(test)]
 thread_local! {
     /// Makes shard writes on this thread panic once the shard is locked (tests of panic
-    /// containment, `core::flush`).
+    /// containment, `core::fs::flush`).
     pub(crate) static PANIC_IN_SHARD_WRITE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 

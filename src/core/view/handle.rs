@@ -8,10 +8,10 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
-use super::error::FsError;
 use super::inode::{FileType, Ino};
-use super::memfile::MemFile;
-use super::shards::StoredChunk;
+use crate::core::error::FsError;
+use crate::core::pending::memfile::MemFile;
+use crate::core::shards::StoredChunk;
 use crate::sync::lock;
 
 /// One entry of a directory listing.
@@ -64,7 +64,7 @@ pub struct FileHandle {
     pub went_to: std::sync::OnceLock<File>,
     /// The array a chunk was opened to be written in (its writer's permission checked on
     /// that directory): writes through the handle go to no other.
-    pub array: std::sync::OnceLock<Arc<super::array::ArrayState>>,
+    pub array: std::sync::OnceLock<Arc<crate::core::array::ArrayState>>,
 }
 
 impl FileHandle {

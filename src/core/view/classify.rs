@@ -8,10 +8,10 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use tracing::{info, warn};
 
-use super::array::ArrayState;
-use super::error::FsError;
-use super::group::GroupView;
 use crate::backing::{Backing, FileVersion, mtime_of};
+use crate::core::array::ArrayState;
+use crate::core::error::FsError;
+use crate::core::group::GroupView;
 use crate::sync::lock;
 use crate::zarr::{
     LayoutError, METADATA_FILE, Node, ShardLayout, translate_consolidated, unsharded_view,
@@ -73,7 +73,11 @@ impl Classifier {
             return Ok(class.clone());
         }
         // A document too large to be metadata is shown as it is, like garbage.
-        let bytes = match read_bounded(file, &meta, super::memfile::MAX_METADATA_BYTES) {
+        let bytes = match read_bounded(
+            file,
+            &meta,
+            crate::core::pending::memfile::MAX_METADATA_BYTES,
+        ) {
             Ok(b) => b,
             Err(e) if e.raw_os_error() == Some(libc::EFBIG) => Vec::new(),
             Err(e) => return Err(e.into()),

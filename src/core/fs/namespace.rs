@@ -13,16 +13,16 @@ use bytes::Bytes;
 use tracing::warn;
 
 use super::ShardFs;
-use super::array::ArrayName;
-use super::array::ArrayState;
-use super::attr::Attr;
-use super::error::FsError;
-use super::handle::{FileHandle, Handle};
-use super::inode::{Ino, NodeInfo, NodeKind};
 use super::lookup::Opened;
-use super::memfile::{FileData, MemFile};
-use super::shards::ChunkData;
 use crate::backing::{OpenMode, join_rel};
+use crate::core::array::ArrayName;
+use crate::core::array::ArrayState;
+use crate::core::error::FsError;
+use crate::core::pending::memfile::{FileData, MemFile};
+use crate::core::shards::ChunkData;
+use crate::core::view::attr::Attr;
+use crate::core::view::handle::{FileHandle, Handle};
+use crate::core::view::inode::{Ino, NodeInfo, NodeKind};
 use crate::zarr::{KeyNode, METADATA_FILE};
 
 /// Where a new name would go.
@@ -113,9 +113,9 @@ pub struct RenameFlags {
 
 impl ShardFs {
     fn place(&self, parent: &NodeInfo, name: &OsStr) -> Result<Place, FsError> {
-        if parent.ino == super::ROOT && name == super::PRIVATE_DIR {
+        if parent.ino == crate::core::ROOT && name == crate::core::PRIVATE_DIR {
             return Err(FsError::refused(
-                Path::new(super::PRIVATE_DIR),
+                Path::new(crate::core::PRIVATE_DIR),
                 Rule::ShardfsOwnFile,
                 "shardfs's own directory in BACKING",
             ));

@@ -9,17 +9,18 @@ use std::time::SystemTime;
 
 use bytes::Bytes;
 
-use super::array::ArrayName;
-use super::array::ArrayState;
-use super::attr::Attr;
-use super::classify::DirClass;
-use super::error::FsError;
-use super::handle::{DirHandle, FileHandle, Handle, ListEntry, read_full_at};
-use super::inode::{FileType, Ino, NodeInfo, NodeKind, ROOT};
-use super::memfile::{FileData, MemFile};
-use super::shards::ChunkData;
-use super::{CONTROL_FILE, CONTROL_SIZE, ShardFs};
+use super::ShardFs;
 use crate::backing::{OpenMode, join_rel};
+use crate::core::array::ArrayName;
+use crate::core::array::ArrayState;
+use crate::core::error::FsError;
+use crate::core::pending::memfile::{FileData, MemFile};
+use crate::core::shards::ChunkData;
+use crate::core::view::attr::Attr;
+use crate::core::view::classify::DirClass;
+use crate::core::view::handle::{DirHandle, FileHandle, Handle, ListEntry, read_full_at};
+use crate::core::view::inode::{FileType, Ino, NodeInfo, NodeKind, ROOT};
+use crate::core::{CONTROL_FILE, CONTROL_SIZE};
 use crate::sync::lock;
 use crate::zarr::{KeyNode, METADATA_FILE};
 
@@ -109,7 +110,7 @@ impl ShardFs {
         if parent.ino == ROOT && name == CONTROL_FILE {
             return Ok(NodeKind::Control);
         }
-        if parent.ino == ROOT && name == super::PRIVATE_DIR {
+        if parent.ino == ROOT && name == crate::core::PRIVATE_DIR {
             return Err(FsError::NotFound);
         }
         if parent.detached {
@@ -399,8 +400,9 @@ impl ShardFs {
             ListEntry::new(".", FileType::Dir),
             ListEntry::new("..", FileType::Dir),
         ];
-        let hide_control =
-            |name: &str| !(ino == ROOT && (name == CONTROL_FILE || name == super::PRIVATE_DIR));
+        let hide_control = |name: &str| {
+            !(ino == ROOT && (name == CONTROL_FILE || name == crate::core::PRIVATE_DIR))
+        };
         match &info.kind {
             NodeKind::Dir => {
                 entries.extend(self.backing_listing(&info.rel, |n| hide_control(n))?);
@@ -669,7 +671,11 @@ impl ShardFs {
     ) -> Result<(), FsError> {
         let (bytes, meta) = self
             .backing
-            .read_as(&info.rel, super::memfile::MAX_METADATA_BYTES, by)?
+            .read_as(
+                &info.rel,
+                crate::core::pending::memfile::MAX_METADATA_BYTES,
+                by,
+            )?
             .ok_or(FsError::NotFound)?;
         crate::backing::may_open(&meta, by, false, true)?;
         let content = match truncate {
@@ -849,8 +855,8 @@ impl ShardFs {
     /// for other chunks and still holds this one's content.
     fn read_chunk(
         &self,
-        h: &super::handle::FileHandle,
-        array: &Arc<super::array::ArrayState>,
+        h: &crate::core::view::handle::FileHandle,
+        array: &Arc<crate::core::array::ArrayState>,
         coords: &[u64],
         offset: u64,
         size: u64,

@@ -11,14 +11,14 @@ use std::sync::atomic::Ordering;
 use bytes::Bytes;
 
 use super::ShardFs;
-use super::array::ArrayState;
-use super::attr::Attr;
-use super::error::FsError;
-use super::handle::Handle;
-use super::inode::{Ino, NodeInfo, NodeKind};
-use super::memfile::{MAX_METADATA_BYTES, MemFile};
-use super::shards::{ChunkData, WriteMode};
 use crate::backing::AttrChange;
+use crate::core::array::ArrayState;
+use crate::core::error::FsError;
+use crate::core::pending::memfile::{MAX_METADATA_BYTES, MemFile};
+use crate::core::shards::{ChunkData, WriteMode};
+use crate::core::view::attr::Attr;
+use crate::core::view::handle::Handle;
+use crate::core::view::inode::{Ino, NodeInfo, NodeKind};
 use crate::limits::MAX_FILE_BYTES;
 use crate::zarr::{KeyNode, METADATA_FILE};
 
@@ -181,9 +181,9 @@ impl ShardFs {
     /// shard, and `f` applied to that.
     fn change_file(
         &self,
-        h: Option<&super::handle::FileHandle>,
+        h: Option<&crate::core::view::handle::FileHandle>,
         kind: &NodeKind,
-        f: impl Fn(&mut super::memfile::FileData),
+        f: impl Fn(&mut crate::core::pending::memfile::FileData),
     ) -> Result<(), FsError> {
         for _ in 0..8 {
             let Some(target) = self.write_target(kind)? else {
@@ -573,11 +573,11 @@ impl ShardFs {
     /// What the name at `rel` is now, resolved name by name from the root without
     /// touching the inode table (for an inode whose file just moved).
     pub(crate) fn resolve_path(&self, rel: &Path) -> Result<NodeKind, FsError> {
-        let mut info = self.node(super::ROOT)?;
+        let mut info = self.node(crate::core::ROOT)?;
         for part in rel.components() {
             let name = part.as_os_str();
             let kind = self.resolve(&info, name)?;
-            info = super::inode::NodeInfo {
+            info = crate::core::view::inode::NodeInfo {
                 ino: 0,
                 rel: crate::backing::join_rel(&info.rel, name),
                 kind,

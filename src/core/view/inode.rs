@@ -8,9 +8,9 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::array::ArrayState;
-use super::group::GroupView;
-use super::memfile::MemFile;
+use crate::core::array::ArrayState;
+use crate::core::group::GroupView;
+use crate::core::pending::memfile::MemFile;
 use crate::sync::lock;
 use crate::zarr::KeyNode;
 

@@ -9,9 +9,9 @@ use std::sync::Arc;
 use tracing::{error, info, warn};
 
 use super::ShardFs;
-use super::array::ArrayState;
-use super::error::FsError;
-use super::shards::{HeldHere, PendingChunk, ShardState, WriteMode};
+use crate::core::array::ArrayState;
+use crate::core::error::FsError;
+use crate::core::shards::{HeldHere, PendingChunk, ShardState, WriteMode};
 use crate::journal::record::Was;
 use crate::journal::{Journal, Replayed};
 use crate::sync::lock;
@@ -79,7 +79,7 @@ impl ShardFs {
                 .write_shard(&self.backing, array, &shard, WriteMode::Everything)?;
             return self.shards.make_durable(&self.backing, this_shard);
         };
-        if let super::shards::ChunkData::Pending(file) =
+        if let crate::core::shards::ChunkData::Pending(file) =
             self.shards.chunk(&self.backing, array, coords)?
         {
             self.journal_files(&journal, &[(array.clone(), coords.to_vec(), file)])?;

@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 use tracing::{info, warn};
 
 use super::ShardFs;
-use super::error::FsError;
-use super::inode::NodeKind;
-use super::memfile::MemFile;
-use super::shards::{PendingShard, WriteMode};
-use super::stats::{Stats, StatsReport};
+use crate::core::error::FsError;
+use crate::core::pending::memfile::MemFile;
+use crate::core::shards::{PendingShard, WriteMode};
+use crate::core::stats::{Stats, StatsReport};
+use crate::core::view::inode::NodeKind;
 use crate::zarr::METADATA_FILE;
 
 fn internal_error() -> FsError {
@@ -34,7 +34,7 @@ impl ShardFs {
                 Stats::add(&self.shards.stats.panics, 1);
                 tracing::error!(
                     "internal error in {what}, contained: {}",
-                    super::shards::panic_text(&panic)
+                    crate::core::shards::panic_text(&panic)
                 );
                 None
             }
@@ -387,7 +387,7 @@ pub(crate) mod tests {
 
     use super::*;
     use crate::backing::Backing;
-    use crate::core::namespace::Caller;
+    use crate::core::fs::namespace::Caller;
     use crate::core::shards::PANIC_IN_SHARD_WRITE;
     use crate::core::{DaemonInfo, ROOT};
 

@@ -185,7 +185,7 @@ pub struct MemState {
     pub changed: u64,
     /// The chunk key it was renamed from, whose removal is journaled with its content
     /// (`ShardRegistry::journal_moves`): a crash must not find it under both names.
-    pub moved_from: Option<(std::sync::Arc<super::array::ArrayState>, Vec<u64>)>,
+    pub moved_from: Option<(std::sync::Arc<crate::core::array::ArrayState>, Vec<u64>)>,
     /// The directory it was made in (the nearest one BACKING had, and its device and
     /// inode), for when it is written there: a directory put at that path since is not
     /// where it was made, and may be another user's.

@@ -11,12 +11,12 @@ use bytes::Bytes;
 use tracing::{info, warn};
 
 use super::ShardFs;
-use super::array::ArrayName;
-use super::array::ArrayState;
-use super::error::FsError;
-use super::memfile::{FileData, MemFile};
-use super::shards::WriteMode;
 use crate::backing::FileVersion;
+use crate::core::array::ArrayName;
+use crate::core::array::ArrayState;
+use crate::core::error::FsError;
+use crate::core::pending::memfile::{FileData, MemFile};
+use crate::core::shards::WriteMode;
 use crate::limits::MAX_FILE_BYTES;
 use crate::shard::IndexLocation;
 use crate::zarr::layout::{SHARDING_CODEC, fixed_chunk_bytes, regular_chunk_shape};
@@ -83,7 +83,7 @@ impl ShardFs {
     pub(crate) fn holds_zarr_document(&self, doc: &Path) -> Result<bool, FsError> {
         let stored = self
             .backing
-            .read_at_most(doc, super::memfile::MAX_METADATA_BYTES)?;
+            .read_at_most(doc, crate::core::pending::memfile::MAX_METADATA_BYTES)?;
         Ok(stored.is_some_and(|b| Node::parse(&b).is_ok()))
     }
 

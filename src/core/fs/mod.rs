@@ -1,0 +1,202 @@
+//! The orchestrator: [`ShardFs`] holds the core's parts and answers the adapter's requests
+//! by calling them, in the order each request needs. Its `impl` is split by concern, one
+//! file each, and each file says its concern first: `lookup.rs` (names, attributes,
+//! listings, reads), `write.rs` (writing, FLUSH, fsync, truncation), `namespace.rs`
+//! (create, mkdir, unlink, rmdir, rename, link), `commit.rs` (a `zarr.json` written through
+//! the mount), `flush.rs` (idle, memory-pressure and unmount flushing, stats), `durable.rs`
+//! (fsync through the journal, replay at start). This file: the state and how it is made.
+
+pub mod commit;
+pub mod durable;
+pub mod flush;
+pub mod lookup;
+pub mod namespace;
+pub mod write;
+
+use std::sync::Arc;
+
+use crate::backing::Backing;
+use crate::core::array::ArrayState;
+use crate::core::error::FsError;
+use crate::core::pending::temp::TempNames;
+use crate::core::refusal;
+use crate::core::shards::ShardRegistry;
+use crate::core::view::classify::{Classifier, DirClass};
+use crate::core::view::handle::HandleTable;
+use crate::core::view::inode::{InodeTable, NodeInfo};
+use crate::core::{DaemonInfo, WriteConfig};
+
+#[derive(Debug)]
+pub struct ShardFs {
+    backing: Backing,
+    inodes: InodeTable,
+    classifier: Classifier,
+    handles: HandleTable,
+    shards: ShardRegistry,
+    temps: TempNames,
+    config: WriteConfig,
+    daemon: DaemonInfo,
+    /// Held (shared) while a file or directory is made in a plain directory, and
+    /// exclusively while a directory becomes an array: chunk files written before the
+    /// metadata are all moved into shards, none slips in between.
+    plain_names: std::sync::RwLock<()>,
+    gate: Gate,
+    /// Records of dead mounts' journals that could not be applied yet (`durable.rs`).
+    unreplayed: std::sync::Mutex<Vec<crate::journal::Replayed>>,
+    /// Where what is not a shard is kept: BACKING, or an object store's mirror in it.
+    tree: Box<dyn crate::store::tree::Tree>,
+    /// Where refused requests are logged, and counted.
+    refusals: Arc<refusal::RefusalLog>,
+    /// `shardfs unmount --give-up` asked: the final flush is tried once, not retried.
+    giving_up: std::sync::atomic::AtomicBool,
+}
+
+/// Orders the changes of pending chunks against the few operations during which none may
+/// arrive: removing or moving an array's metadata or directory, and changing its layout.
+/// Those write what is pending and then change the array, holding the gate exclusively so
+/// that no chunk slips in between (it would be dropped, or put where the new layout does
+/// not expect it). Everything that adds or changes pending chunks holds it shared, taken
+/// once, at the entry point of the request: never nested.
+#[derive(Debug, Default)]
+pub(crate) struct Gate(std::sync::RwLock<()>);
+
+/// A held gate.
+pub(crate) enum GateGuard<'a> {
+    Shared(#[allow(dead_code)] std::sync::RwLockReadGuard<'a, ()>),
+    Exclusive(#[allow(dead_code)] std::sync::RwLockWriteGuard<'a, ()>),
+}
+
+impl Gate {
+    pub(crate) fn shared(&self) -> GateGuard<'_> {
+        GateGuard::Shared(self.0.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    pub(crate) fn exclusive(&self) -> GateGuard<'_> {
+        GateGuard::Exclusive(self.0.write().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Exclusive when a request touches metadata or whole directories, else shared.
+    pub(crate) fn for_request(&self, structural: bool) -> GateGuard<'_> {
+        if structural {
+            self.exclusive()
+        } else {
+            self.shared()
+        }
+    }
+}
+
+impl ShardFs {
+    pub fn new(backing: Backing, daemon: DaemonInfo) -> ShardFs {
+        ShardFs::with_config(backing, daemon, WriteConfig::default())
+    }
+
+    pub fn with_config(backing: Backing, daemon: DaemonInfo, config: WriteConfig) -> ShardFs {
+        let store = Arc::new(backing.clone());
+        ShardFs::with_store(backing, store, true, daemon, config)
+    }
+
+    /// A core whose shards live in `store` (an object store), while the rest of the tree
+    /// (directories, `zarr.json`, the journal) lives in `backing`. `store_is_backing` when
+    /// `store` is `backing` itself.
+    pub fn with_store(
+        backing: Backing,
+        store: Arc<dyn crate::store::Store>,
+        store_is_backing: bool,
+        daemon: DaemonInfo,
+        config: WriteConfig,
+    ) -> ShardFs {
+        let refusals = Arc::new(refusal::RefusalLog::new(daemon.mountpoint.clone()));
+        let tree_backing = backing.clone();
+        ShardFs {
+            shards: ShardRegistry::new(config.index_cache, store, store_is_backing, &refusals),
+            refusals,
+            backing,
+            inodes: InodeTable::new(),
+            classifier: Classifier::default(),
+            handles: HandleTable::default(),
+            temps: TempNames::default(),
+            config,
+            daemon,
+            plain_names: std::sync::RwLock::new(()),
+            gate: Gate::default(),
+            unreplayed: std::sync::Mutex::default(),
+            giving_up: Default::default(),
+            tree: Box::new(crate::store::tree::Local(tree_backing)),
+        }
+    }
+
+    /// Publishes what is written to BACKING outside the shards to `store` (BACKING is
+    /// then a mirror of it: `store::tree::Mirror`).
+    pub fn publishing_to(mut self, store: Arc<crate::store::mirror::Published>) -> ShardFs {
+        self.tree = Box::new(crate::store::tree::Mirror {
+            local: crate::store::tree::Local(self.backing.clone()),
+            published: store,
+        });
+        self
+    }
+
+    /// Refuses, where the tree takes no change in place, the change `what` asked of `rel`
+    /// (a link, a special file, a write in place: nothing an object store can hold).
+    pub(crate) fn may_change_in_place(
+        &self,
+        rel: &std::path::Path,
+        what: &str,
+    ) -> Result<(), FsError> {
+        match self.tree.changes_in_place() {
+            true => Ok(()),
+            false => Err(FsError::refused(
+                rel,
+                refusal::Rule::ObjectStoreInPlaceChange,
+                what,
+            )),
+        }
+    }
+
+    /// Whose the file held in memory at `rel` is (`MemFile::maker`), if one is held there.
+    pub(crate) fn held_maker(&self, rel: &std::path::Path) -> Option<crate::backing::FileOwner> {
+        self.temps.file(rel).and_then(|f| f.maker())
+    }
+
+    /// Notes a refusal a request met (logged once: `RefusalLog`).
+    pub fn note_refusal(&self, e: &FsError) {
+        if let FsError::Refused(r) = e {
+            self.refusals.note(r);
+        }
+    }
+
+    /// Whether `shardfs unmount --give-up` was asked.
+    pub fn giving_up(&self) -> bool {
+        self.giving_up.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    pub fn backing(&self) -> &Backing {
+        &self.backing
+    }
+
+    /// What directory `rel` is now.
+    pub(crate) fn classify(&self, rel: &std::path::Path) -> Result<DirClass, FsError> {
+        self.classifier.classify(&self.backing, rel)
+    }
+
+    /// A `zarr.json` about to be opened is first compared with the store's where another
+    /// node may have changed or removed it (`Tree::revalidate_document`). Clients read an
+    /// array's or group's document before its chunks, so the open is where a new one must
+    /// be seen; a walk of names costs nothing. Returns whether the mount took another
+    /// version.
+    pub(crate) fn revalidated(&self, info: &NodeInfo) -> bool {
+        !info.detached
+            && info.rel.file_name() == Some(std::ffi::OsStr::new(crate::zarr::METADATA_FILE))
+            && self.tree.revalidate_document(&info.rel)
+    }
+
+    /// The sharded array whose directory is `rel`, if it is one now.
+    pub(crate) fn array_at(
+        &self,
+        rel: &std::path::Path,
+    ) -> Result<Option<Arc<ArrayState>>, FsError> {
+        Ok(match self.classify(rel)? {
+            DirClass::ShardedArray(a) => Some(a),
+            _ => None,
+        })
+    }
+}

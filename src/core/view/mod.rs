@@ -1,0 +1,10 @@
+//! What the mount shows: the inodes and the names they stand for (`inode.rs`), their
+//! attributes (`attr.rs`), what a directory of BACKING is to the mount (`classify.rs`:
+//! plain, an array, a group; cached until its `zarr.json` changes), and the open handles
+//! (`handle.rs`). The orchestrator (`core::fs`) asks and updates them; they know nothing of
+//! shards being written or of the journal.
+
+pub mod attr;
+pub mod classify;
+pub mod handle;
+pub mod inode;
