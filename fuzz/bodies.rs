@@ -1,7 +1,7 @@
 // The fuzz targets' bodies: everything shardfs parses from untrusted bytes (shard files
 // and `zarr.json` in BACKING, names from clients). Each must return, never panic, and keep
 // the invariants checked here. Included both by the cargo-fuzz targets (fuzz/fuzz_targets)
-// and by the short pass in `tests/fuzz_short.rs`, so that the two cannot drift apart.
+// and by the short pass in `tests/hostile_fuzz_short.rs`, so that the two cannot drift apart.
 
 use shardfs::shard::{Endian, IndexCodec, IndexFormat, IndexLocation};
 use shardfs::zarr::{

@@ -81,7 +81,7 @@ cargo fmt --check
 echo "== cargo clippy"
 cargo clippy --all-targets --quiet -- -D warnings
 # The wheel `pip install shardfs` installs (maturin, pyproject.toml), built from the same
-# debug build the tests use; tests/ordinary_user.rs installs it into the user's venv.
+# debug build the tests use; tests/cli_ordinary_user.rs installs it into the user's venv.
 echo "== maturin build (the shardfs wheel)"
 rm -rf target/shardfs-wheel
 "$venv/bin/maturin" build --quiet --profile dev --out target/shardfs-wheel

@@ -5,7 +5,7 @@
 //! fsync returned reads back exactly (or as a later round of the same chunk), and every
 //! shard passes `shardfs verify`.
 //!
-//! `cargo test --test crash -- --trials N [--seed S]` runs N trials (3 by default).
+//! `cargo test --test crash_journal -- --trials N [--seed S]` runs N trials (3 by default).
 
 mod common;
 

@@ -17,7 +17,7 @@
 //! fsynced when a crash comes: a power cut, not only a SIGKILL (which keeps the page cache).
 //! Every state it leaves must mount and lose nothing acknowledged.
 //!
-//! `cargo test --test model -- [--sequences N] [--power-cuts M] [--seed S] [--ops K]`: N
+//! `cargo test --test crash_model -- [--sequences N] [--power-cuts M] [--seed S] [--ops K]`: N
 //! sequences with SIGKILLs (12 by default), then M with power cuts (6).
 
 mod common;
