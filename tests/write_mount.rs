@@ -385,7 +385,7 @@ fn every_writer_pattern_works() {
     assert_eq!(fs::read(c.join("2/0")).unwrap(), expect);
 
     // utimes, and a chmod that takes nothing away from the array's mode, are accepted; a
-    // chmod that would close the chunk alone is refused (multi_user.rs says more).
+    // chmod that would close the chunk alone is refused (share_users.rs says more).
     use std::os::unix::fs::PermissionsExt;
     fs::set_permissions(c.join("2/0"), fs::Permissions::from_mode(0o644)).unwrap();
     let narrowed = fs::set_permissions(c.join("2/0"), fs::Permissions::from_mode(0o600));

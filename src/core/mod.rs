@@ -27,61 +27,8 @@ pub mod shards;
 pub mod stats;
 pub mod view;
 
-use std::path::PathBuf;
-use std::time::Duration;
-
-use crate::zarr::ShardPolicy;
 pub use error::FsError;
-pub use fs::ShardFs;
 pub use fs::lookup::{Opened, StatFs};
+pub use fs::{CONTROL_FILE, DaemonInfo, PRIVATE_DIR, ShardFs, WriteConfig};
 pub use view::attr::Attr;
 pub use view::inode::{FileType, Ino, NodeInfo, NodeKind, ROOT};
-
-/// The name of the control file in the mount's root. It is not listed; a BACKING file of
-/// the same name is hidden by it.
-pub const CONTROL_FILE: &str = ".shardfs-control";
-/// shardfs's own directory in BACKING's root (journals): not shown in the mount.
-pub const PRIVATE_DIR: &str = ".shardfs";
-const CONTROL_SIZE: usize = 64 * 1024;
-
-/// What the control file tells about the daemon.
-#[derive(Clone, Debug, Default, serde::Serialize)]
-pub struct DaemonInfo {
-    pub pid: u32,
-    /// Where the daemon writes its verdict when it exits.
-    pub status_file: PathBuf,
-    /// Where the mount is: refusals name files by their path there.
-    #[serde(skip)]
-    pub mountpoint: PathBuf,
-}
-
-/// How the write side behaves.
-#[derive(Clone, Debug)]
-pub struct WriteConfig {
-    /// The layout of arrays created through the mount.
-    pub policy: ShardPolicy,
-    /// A shard with pending chunks and no change for this long is written as it is.
-    pub idle_flush: Duration,
-    /// Above this many bytes held in memory, partial shards are written.
-    pub max_pending: u64,
-    /// The budget of the index cache, in bytes.
-    pub index_cache: u64,
-    /// fsync appends to a journal in BACKING instead of writing shards.
-    pub journal: bool,
-    /// Past this many journal bytes, the shards holding journaled chunks are written (so
-    /// that their records retire).
-    pub max_journal: u64,
-}
-
-impl Default for WriteConfig {
-    fn default() -> Self {
-        WriteConfig {
-            policy: ShardPolicy::default(),
-            idle_flush: Duration::from_secs(5),
-            max_pending: 2 << 30,
-            index_cache: shards::DEFAULT_INDEX_CACHE,
-            journal: false,
-            max_journal: 1 << 30,
-        }
-    }
-}

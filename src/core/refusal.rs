@@ -241,7 +241,7 @@ pub struct RefusalLog {
     mountpoint: PathBuf,
     recent: Mutex<HashMap<(PathBuf, Rule), Quiet>>,
     /// Refusals so far, logged or not (`shardfs stats`).
-    pub count: AtomicU64,
+    count: AtomicU64,
     /// Refusals not logged because the table was full of recent pairs.
     overflow: AtomicU64,
 }
@@ -252,6 +252,11 @@ impl RefusalLog {
             mountpoint,
             ..RefusalLog::default()
         }
+    }
+
+    /// Refusals so far, logged or not.
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
     }
 
     pub fn note(&self, r: &Refusal) {
@@ -361,7 +366,7 @@ mod tests {
         let refused = Refusal::new(Path::new("a/c/9"), Rule::NotAChunkKey, "outside");
         log.note(&refused);
         log.note(&refused);
-        assert_eq!(log.count.load(Ordering::Relaxed), 1);
+        assert_eq!(log.count(), 1);
         assert_eq!(log.shown(Path::new("a/b")), PathBuf::from("/mnt/a/b"));
         assert_eq!(
             log.shown(Path::new("/data/a/c/0")),

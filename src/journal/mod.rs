@@ -770,13 +770,12 @@ impl Journal {
     }
 }
 
-/// Puts the chunk records of the file at `path` that are not `retired` into `out`, with
-/// the layouts they name. Returns how many, and whether some were retired.
 /// A record's change of a chunk: its layout, id, coordinates, what it replaced and when,
 /// and the new content (`None`: removed).
 type ChunkChange = (u32, u64, Vec<u64>, (record::Was, u64), Option<Bytes>);
 
-/// The change of a chunk a record makes; `None` for records of other kinds.
+/// The change of a chunk a record makes; `None` for records of other kinds (each named, so
+/// that a new kind must be decided on here).
 fn chunk_change(r: record::Record) -> Option<ChunkChange> {
     match r {
         record::Record::Chunk {
@@ -794,10 +793,12 @@ fn chunk_change(r: record::Record) -> Option<ChunkChange> {
             was,
             at,
         } => Some((layout, id, coords, (was, at), None)),
-        _ => None,
+        record::Record::Layout { .. } | record::Record::Retire { .. } => None,
     }
 }
 
+/// Puts the chunk records of the file at `path` that are not `retired` into `out`, with
+/// the layouts they name. Returns how many, and whether some were retired.
 fn replayed_from(
     path: &Path,
     records: Vec<record::Record>,

@@ -31,7 +31,7 @@ impl ShardFs {
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
             Ok(v) => Some(v),
             Err(panic) => {
-                Stats::add(&self.shards.stats.panics, 1);
+                Stats::add(&self.shards.stats().panics, 1);
                 tracing::error!(
                     "internal error in {what}, contained: {}",
                     crate::core::shards::panic_text(&panic)
@@ -250,7 +250,7 @@ impl ShardFs {
         }
         // (A rename that wrote it out gives it to the renamed inode's handles.)
         file.set_written(written);
-        Stats::add(&self.shards.stats.temp_files_persisted, 1);
+        Stats::add(&self.shards.stats().temp_files_persisted, 1);
         info!(file = %rel.display(), "temporary file never renamed: written to BACKING as it is");
         Ok(())
     }
@@ -294,7 +294,7 @@ impl ShardFs {
                 self.backing.root().display()
             ));
         }
-        *crate::sync::lock(&self.shards.stats.not_written) = failed.clone();
+        *crate::sync::lock(&self.shards.stats().not_written) = failed.clone();
         failed
     }
 
@@ -340,7 +340,7 @@ impl ShardFs {
 
     pub fn stats(&self) -> StatsReport {
         let pending = self.shards.pending();
-        let mut report = self.shards.stats.report();
+        let mut report = self.shards.stats().report();
         report.pending_shards = pending.len() as u64;
         report.pending_chunks = pending.iter().map(|p| p.chunks as u64).sum();
         report.pending_bytes = self.shards.pending_bytes();
@@ -357,17 +357,14 @@ impl ShardFs {
                 Some(format!("{shard}: {}", f.message))
             })
             .collect();
-        for f in crate::sync::lock(&self.shards.stats.not_written).iter() {
+        for f in crate::sync::lock(&self.shards.stats().not_written).iter() {
             if !report.failed.contains(f) {
                 report.failed.push(f.clone());
             }
         }
         report.failed.truncate(100);
         report.store_requests = self.shards.store_requests();
-        report.refusals = self
-            .refusals
-            .count
-            .load(std::sync::atomic::Ordering::Relaxed);
+        report.refusals = self.refusals.count();
         report
     }
 }

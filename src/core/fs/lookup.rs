@@ -10,6 +10,7 @@ use std::time::SystemTime;
 use bytes::Bytes;
 
 use super::ShardFs;
+use super::{CONTROL_FILE, CONTROL_SIZE};
 use crate::backing::{OpenMode, join_rel};
 use crate::core::array::ArrayName;
 use crate::core::array::ArrayState;
@@ -20,7 +21,6 @@ use crate::core::view::attr::Attr;
 use crate::core::view::classify::DirClass;
 use crate::core::view::handle::{DirHandle, FileHandle, Handle, ListEntry, read_full_at};
 use crate::core::view::inode::{FileType, Ino, NodeInfo, NodeKind, ROOT};
-use crate::core::{CONTROL_FILE, CONTROL_SIZE};
 use crate::sync::lock;
 use crate::zarr::{KeyNode, METADATA_FILE};
 

@@ -13,18 +13,70 @@ pub mod lookup;
 pub mod namespace;
 pub mod write;
 
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::backing::Backing;
 use crate::core::array::ArrayState;
 use crate::core::error::FsError;
 use crate::core::pending::temp::TempNames;
 use crate::core::refusal;
+use crate::core::shards;
 use crate::core::shards::ShardRegistry;
 use crate::core::view::classify::{Classifier, DirClass};
 use crate::core::view::handle::HandleTable;
 use crate::core::view::inode::{InodeTable, NodeInfo};
-use crate::core::{DaemonInfo, WriteConfig};
+use crate::zarr::ShardPolicy;
+
+/// The name of the control file in the mount's root. It is not listed; a BACKING file of
+/// the same name is hidden by it.
+pub const CONTROL_FILE: &str = ".shardfs-control";
+/// shardfs's own directory in BACKING's root (journals): not shown in the mount.
+pub const PRIVATE_DIR: &str = ".shardfs";
+const CONTROL_SIZE: usize = 64 * 1024;
+
+/// What the control file tells about the daemon.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct DaemonInfo {
+    pub pid: u32,
+    /// Where the daemon writes its verdict when it exits.
+    pub status_file: PathBuf,
+    /// Where the mount is: refusals name files by their path there.
+    #[serde(skip)]
+    pub mountpoint: PathBuf,
+}
+
+/// How the write side behaves.
+#[derive(Clone, Debug)]
+pub struct WriteConfig {
+    /// The layout of arrays created through the mount.
+    pub policy: ShardPolicy,
+    /// A shard with pending chunks and no change for this long is written as it is.
+    pub idle_flush: Duration,
+    /// Above this many bytes held in memory, partial shards are written.
+    pub max_pending: u64,
+    /// The budget of the index cache, in bytes.
+    pub index_cache: u64,
+    /// fsync appends to a journal in BACKING instead of writing shards.
+    pub journal: bool,
+    /// Past this many journal bytes, the shards holding journaled chunks are written (so
+    /// that their records retire).
+    pub max_journal: u64,
+}
+
+impl Default for WriteConfig {
+    fn default() -> Self {
+        WriteConfig {
+            policy: ShardPolicy::default(),
+            idle_flush: Duration::from_secs(5),
+            max_pending: 2 << 30,
+            index_cache: shards::DEFAULT_INDEX_CACHE,
+            journal: false,
+            max_journal: 1 << 30,
+        }
+    }
+}
 
 #[derive(Debug)]
 pub struct ShardFs {
@@ -58,25 +110,25 @@ pub struct ShardFs {
 /// not expect it). Everything that adds or changes pending chunks holds it shared, taken
 /// once, at the entry point of the request: never nested.
 #[derive(Debug, Default)]
-pub(crate) struct Gate(std::sync::RwLock<()>);
+struct Gate(std::sync::RwLock<()>);
 
 /// A held gate.
-pub(crate) enum GateGuard<'a> {
+enum GateGuard<'a> {
     Shared(#[allow(dead_code)] std::sync::RwLockReadGuard<'a, ()>),
     Exclusive(#[allow(dead_code)] std::sync::RwLockWriteGuard<'a, ()>),
 }
 
 impl Gate {
-    pub(crate) fn shared(&self) -> GateGuard<'_> {
+    fn shared(&self) -> GateGuard<'_> {
         GateGuard::Shared(self.0.read().unwrap_or_else(|e| e.into_inner()))
     }
 
-    pub(crate) fn exclusive(&self) -> GateGuard<'_> {
+    fn exclusive(&self) -> GateGuard<'_> {
         GateGuard::Exclusive(self.0.write().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Exclusive when a request touches metadata or whole directories, else shared.
-    pub(crate) fn for_request(&self, structural: bool) -> GateGuard<'_> {
+    fn for_request(&self, structural: bool) -> GateGuard<'_> {
         if structural {
             self.exclusive()
         } else {
@@ -137,11 +189,7 @@ impl ShardFs {
 
     /// Refuses, where the tree takes no change in place, the change `what` asked of `rel`
     /// (a link, a special file, a write in place: nothing an object store can hold).
-    pub(crate) fn may_change_in_place(
-        &self,
-        rel: &std::path::Path,
-        what: &str,
-    ) -> Result<(), FsError> {
+    fn may_change_in_place(&self, rel: &std::path::Path, what: &str) -> Result<(), FsError> {
         match self.tree.changes_in_place() {
             true => Ok(()),
             false => Err(FsError::refused(
@@ -153,7 +201,7 @@ impl ShardFs {
     }
 
     /// Whose the file held in memory at `rel` is (`MemFile::maker`), if one is held there.
-    pub(crate) fn held_maker(&self, rel: &std::path::Path) -> Option<crate::backing::FileOwner> {
+    fn held_maker(&self, rel: &std::path::Path) -> Option<crate::backing::FileOwner> {
         self.temps.file(rel).and_then(|f| f.maker())
     }
 
@@ -174,7 +222,7 @@ impl ShardFs {
     }
 
     /// What directory `rel` is now.
-    pub(crate) fn classify(&self, rel: &std::path::Path) -> Result<DirClass, FsError> {
+    fn classify(&self, rel: &std::path::Path) -> Result<DirClass, FsError> {
         self.classifier.classify(&self.backing, rel)
     }
 
@@ -183,17 +231,14 @@ impl ShardFs {
     /// array's or group's document before its chunks, so the open is where a new one must
     /// be seen; a walk of names costs nothing. Returns whether the mount took another
     /// version.
-    pub(crate) fn revalidated(&self, info: &NodeInfo) -> bool {
+    fn revalidated(&self, info: &NodeInfo) -> bool {
         !info.detached
             && info.rel.file_name() == Some(std::ffi::OsStr::new(crate::zarr::METADATA_FILE))
             && self.tree.revalidate_document(&info.rel)
     }
 
     /// The sharded array whose directory is `rel`, if it is one now.
-    pub(crate) fn array_at(
-        &self,
-        rel: &std::path::Path,
-    ) -> Result<Option<Arc<ArrayState>>, FsError> {
+    fn array_at(&self, rel: &std::path::Path) -> Result<Option<Arc<ArrayState>>, FsError> {
         Ok(match self.classify(rel)? {
             DirClass::ShardedArray(a) => Some(a),
             _ => None,

@@ -18,6 +18,8 @@ mod whereabouts;
 mod write;
 
 #[cfg(test)]
+mod tests;
+#[cfg(test)]
 pub(crate) use write::PANIC_IN_SHARD_WRITE;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -57,7 +59,7 @@ const SLOT_COST: u64 = 256;
 #[derive(Debug)]
 pub struct ShardRegistry {
     slots: Mutex<BTreeMap<SlotKey, Arc<ShardSlot>>>,
-    pub stats: Stats,
+    stats: Stats,
     /// Bytes held by pending chunks and temporary files.
     pending_bytes: AtomicI64,
     /// What the slots and their cached indexes cost, against `cache_limit`.
@@ -383,6 +385,12 @@ impl ShardRegistry {
 
     fn tick(&self) -> u64 {
         self.clock.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The mount's counters (shards written, merges, errors, panics), kept here where
+    /// most of them are counted.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
     }
 
     pub fn pending_bytes(&self) -> u64 {

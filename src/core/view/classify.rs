@@ -181,3 +181,128 @@ fn classify_document(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! What a directory is, without FUSE: read from its document, cached until the
+    //! document or the directory changes.
+
+    use super::*;
+
+    const SHARDED: &str = r#"{"zarr_format":3,"node_type":"array","shape":[4],"data_type":"uint8",
+      "chunk_grid":{"name":"regular","configuration":{"chunk_shape":[2]}},
+      "chunk_key_encoding":{"name":"default","configuration":{"separator":"/"}},
+      "fill_value":0,"codecs":[{"name":"sharding_indexed","configuration":{
+        "chunk_shape":[1],"codecs":[{"name":"bytes"}],
+        "index_codecs":[{"name":"bytes","configuration":{"endian":"little"}},{"name":"crc32c"}],
+        "index_location":"end"}}]}"#;
+    const UNSHARDED: &str = r#"{"zarr_format":3,"node_type":"array","shape":[4],"data_type":"uint8",
+      "chunk_grid":{"name":"regular","configuration":{"chunk_shape":[2]}},
+      "chunk_key_encoding":{"name":"default","configuration":{"separator":"/"}},
+      "fill_value":0,"codecs":[{"name":"bytes"}]}"#;
+    const GROUP: &str = r#"{"zarr_format":3,"node_type":"group","attributes":{}}"#;
+
+    fn backing_with(docs: &[(&str, &[u8])]) -> (tempfile::TempDir, Backing) {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, doc) in docs {
+            std::fs::create_dir_all(dir.path().join(name)).unwrap();
+            std::fs::write(dir.path().join(name).join(METADATA_FILE), doc).unwrap();
+        }
+        std::fs::create_dir(dir.path().join("plain")).unwrap();
+        let backing = Backing::new(dir.path().to_path_buf()).unwrap();
+        (dir, backing)
+    }
+
+    fn array(c: &Classifier, b: &Backing, dir: &str) -> Option<Arc<ArrayState>> {
+        match c.classify(b, Path::new(dir)).unwrap() {
+            DirClass::ShardedArray(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn each_kind_of_directory_is_told_by_its_document() {
+        let (_d, b) = backing_with(&[
+            ("s", SHARDED.as_bytes()),
+            ("u", UNSHARDED.as_bytes()),
+            ("g", GROUP.as_bytes()),
+            ("bad", b"{ not json"),
+        ]);
+        let c = Classifier::default();
+        let s = array(&c, &b, "s").expect("a sharded array");
+        assert_eq!(s.chunk_rel(&[3]), Path::new("s/c/3"));
+        assert_eq!(s.shard_rel(&[1]), Path::new("s/c/1"));
+        for plain in ["u", "bad", "plain"] {
+            assert!(
+                matches!(c.classify(&b, Path::new(plain)).unwrap(), DirClass::Plain),
+                "{plain}"
+            );
+        }
+        assert!(matches!(
+            c.classify(&b, Path::new("g")).unwrap(),
+            DirClass::Group(None)
+        ));
+        assert!(matches!(
+            c.classify(&b, Path::new("missing")).unwrap(),
+            DirClass::Plain
+        ));
+    }
+
+    #[test]
+    fn a_changed_document_is_read_again_and_an_unchanged_one_is_not() {
+        let (d, b) = backing_with(&[("s", SHARDED.as_bytes())]);
+        let c = Classifier::default();
+        let first = array(&c, &b, "s").unwrap();
+        let again = array(&c, &b, "s").unwrap();
+        assert!(Arc::ptr_eq(&first, &again), "answered from the cache");
+        std::fs::write(d.path().join("s").join(METADATA_FILE), UNSHARDED).unwrap();
+        assert!(
+            array(&c, &b, "s").is_none(),
+            "rewritten unsharded: shown as it is"
+        );
+        std::fs::write(d.path().join("s").join(METADATA_FILE), SHARDED).unwrap();
+        assert!(array(&c, &b, "s").is_some());
+    }
+
+    #[test]
+    fn a_directory_made_anew_with_the_same_document_is_another_array() {
+        let (d, b) = backing_with(&[("s", SHARDED.as_bytes())]);
+        let c = Classifier::default();
+        let old = array(&c, &b, "s").unwrap();
+        // The same document, moved into a new directory at the same path.
+        let doc = d.path().join("s").join(METADATA_FILE);
+        std::fs::rename(&doc, d.path().join("doc")).unwrap();
+        std::fs::remove_dir(d.path().join("s")).unwrap();
+        std::fs::create_dir(d.path().join("s")).unwrap();
+        std::fs::rename(d.path().join("doc"), &doc).unwrap();
+        let new = array(&c, &b, "s").unwrap();
+        assert!(!Arc::ptr_eq(&old, &new));
+        assert!(!new.same_directory(&old));
+    }
+
+    #[test]
+    fn an_array_shown_as_written_is_plain_until_shown_translated_again() {
+        let (_d, b) = backing_with(&[("s", SHARDED.as_bytes())]);
+        let c = Classifier::default();
+        c.show_as_written(Path::new("s"), true);
+        assert!(array(&c, &b, "s").is_none());
+        c.show_as_written(Path::new("s"), false);
+        assert!(array(&c, &b, "s").is_some());
+    }
+
+    #[test]
+    fn a_document_too_large_to_be_metadata_is_shown_as_it_is() {
+        let (d, b) = backing_with(&[("s", SHARDED.as_bytes())]);
+        let f = std::fs::File::options()
+            .append(true)
+            .open(d.path().join("s").join(METADATA_FILE))
+            .unwrap();
+        f.set_len(crate::core::pending::memfile::MAX_METADATA_BYTES + 1)
+            .unwrap();
+        let c = Classifier::default();
+        assert!(matches!(
+            c.classify(&b, Path::new("s")).unwrap(),
+            DirClass::Plain
+        ));
+    }
+}
