@@ -16,6 +16,7 @@ macro_rules! say {
 
 pub mod backing;
 pub mod cli;
+pub mod convert;
 pub mod core;
 pub mod daemon;
 pub mod fuse;
