@@ -15,6 +15,8 @@ fn every_command_has_help() {
         ("flush", "Exit status"),
         ("stats", "--watch"),
         ("unmount", "--lazy"),
+        ("pack", "--chunks-per-shard"),
+        ("pack", "Exit status"),
     ] {
         let out = shardfs(&[cmd, "--help"]);
         assert!(out.status.success(), "{cmd} --help");
@@ -23,7 +25,7 @@ fn every_command_has_help() {
         assert!(text.contains(needle), "{cmd} help lacks {needle}: {text}");
     }
     let out = shardfs(&["--help"]);
-    for cmd in ["inspect", "verify", "mount", "unmount"] {
+    for cmd in ["inspect", "verify", "mount", "unmount", "pack"] {
         assert!(stdout(&out).contains(cmd));
     }
     // A usage error exits 2.
@@ -48,7 +50,9 @@ fn version_completions_and_manual() {
         let text = stdout(&out);
         assert!(text.contains(needle), "{shell}: {text}");
         // Every command is completed.
-        for cmd in ["mount", "unmount", "flush", "stats", "inspect", "verify"] {
+        for cmd in [
+            "mount", "unmount", "flush", "stats", "inspect", "verify", "pack",
+        ] {
             assert!(text.contains(cmd), "{shell} lacks {cmd}");
         }
     }
@@ -124,6 +128,13 @@ fn no_command_complains_of_a_closed_pipe() {
     into_a_closed_pipe(&["inspect", array.to_str().unwrap()]);
     into_a_closed_pipe(&["inspect", array.to_str().unwrap(), "--json"]);
     into_a_closed_pipe(&["verify", array.to_str().unwrap()]);
+    let unpacked = _d.path().join("nowhere");
+    into_a_closed_pipe(&[
+        "pack",
+        backing.to_str().unwrap(),
+        unpacked.to_str().unwrap(),
+        "--dry-run",
+    ]);
 }
 
 /// `mount` keeps SIGPIPE ignored (its daemon outlives the terminal), so its messages may

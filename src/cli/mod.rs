@@ -1,5 +1,6 @@
 //! The `shardfs` command line.
 
+mod convert;
 mod helper;
 mod inspect;
 mod scan;
@@ -83,6 +84,14 @@ enum Command {
         /// A directory inside the mount: only what lies below it.
         path: Option<PathBuf>,
     },
+    /// Pack unsharded Zarr v3 arrays into shards: every array below SRC is written to DST
+    /// sharded, each chunk's bytes copied as stored (never decoded), each shard written
+    /// once; everything else is copied as it is.
+    ///
+    /// SRC and DST are directories or object stores (s3://, gs://, az://); DST must be
+    /// empty. Exit status: 0 when all was packed (a summary is printed), 1 when not (the
+    /// reason is printed), 2 on usage errors.
+    Pack(convert::PackArgs),
     /// Unmount a shardfs mount and wait for its daemon to exit.
     ///
     /// Exit status: 0 when everything was written and the daemon exited cleanly, 1 when not
@@ -514,6 +523,7 @@ pub fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Command::Man => return print_man(),
+        Command::Pack(args) => return convert::pack(&args),
         Command::Flush { mountpoint, path } => return flush(&mountpoint, path.as_deref()),
     };
     match result {

@@ -1,8 +1,85 @@
-//! Bringing existing data in and out of shards (`shardfs pack`, `unpack`, `reshard`): the
-//! chunks' encoded bytes move between chunk files and shards without being decoded, so a
-//! conversion costs about one read and one write of the data.
+//! Bringing existing data into shards (`shardfs pack`): the chunks' encoded bytes move from
+//! chunk files into shards without being decoded, so a conversion costs about one read and
+//! one write of the data. Source and destination are [`Store`]s: a directory or an object
+//! store, on either side.
 //!
-//! This part is being built (issue 22). `plan.rs`, pure: which chunk keys of an unsharded
-//! array go into which shard, at which position, and the sharded metadata.
+//! `plan.rs` (pure): which chunk keys of an unsharded array go into which shard, at which
+//! position, and the sharded metadata. `pack.rs`: walking a hierarchy and writing the
+//! shards, in parallel. Called by the command line (`cli/convert.rs`).
 
+pub mod pack;
 pub mod plan;
+
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+use crate::store::{Store, StoreError};
+use crate::zarr::{LayoutError, MetadataError, PolicyError, ShardPolicy};
+
+/// How to pack.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Chunks per shard of each array packed.
+    pub policy: ShardPolicy,
+    /// Or the shards' shape in elements (a multiple of each array's chunk shape).
+    pub shard_shape: Option<Vec<u64>>,
+    /// Shards built and written at once.
+    pub jobs: usize,
+    /// Only say what would be done.
+    pub dry_run: bool,
+}
+
+#[derive(Debug, Error)]
+pub enum ConvertError {
+    #[error("{what}: {source}")]
+    Store { what: String, source: StoreError },
+    #[error("{what}: not Zarr v3 metadata: {source}")]
+    Metadata { what: String, source: MetadataError },
+    #[error("{what}: cannot be sharded: {source}")]
+    Layout { what: String, source: LayoutError },
+    #[error("{what}: {source}")]
+    Policy { what: String, source: PolicyError },
+    #[error("{what}: --shard-shape {shape:?} is not a multiple of the chunk shape {chunks:?}")]
+    ShardShape {
+        what: String,
+        shape: Vec<u64>,
+        chunks: Vec<u64>,
+    },
+    #[error("{0} is not empty: pack writes into an empty destination")]
+    NotEmpty(String),
+    #[error("{0}")]
+    Panicked(String),
+}
+
+impl ConvertError {
+    fn store(store: &dyn Store, key: &std::path::Path, source: StoreError) -> ConvertError {
+        ConvertError::Store {
+            what: store.describe(key),
+            source,
+        }
+    }
+}
+
+/// What a pack did (or, dry, would do).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Summary {
+    pub arrays: Vec<PackedArray>,
+    pub shards: u64,
+    pub chunks: u64,
+    /// Bytes of chunks copied into shards.
+    pub chunk_bytes: u64,
+    /// Other objects copied as they are (metadata, sharded arrays, other files).
+    pub copied: u64,
+}
+
+/// One array packed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PackedArray {
+    /// Its directory, relative to the source's top.
+    pub dir: PathBuf,
+    pub chunks: u64,
+    /// Shards written (those holding at least one chunk).
+    pub shards: u64,
+    pub chunks_per_shard: Vec<u64>,
+}

@@ -1,0 +1,165 @@
+//! `shardfs pack`: the command line over `crate::convert`: where SRC and DST are, the
+//! progress on a terminal, the summary.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::backing::Backing;
+use crate::convert::{Options, Summary, pack::pack as pack_all};
+use crate::store::Store;
+use crate::store::object::{ObjectBacked, is_object_url};
+use crate::zarr::{ChunksPerShard, ShardPolicy};
+
+#[derive(clap::Args, Debug)]
+pub struct PackArgs {
+    /// The data to pack: a directory or an object store URL.
+    src: String,
+    /// Where the packed data goes (empty or missing): a directory or an object store URL.
+    dst: String,
+    /// Chunks per shard: one number for every axis, or one per axis (`4,4,2`). Default:
+    /// the auto policy (--shard-target-bytes).
+    #[arg(long, conflicts_with = "shard_shape")]
+    chunks_per_shard: Option<ChunksPerShard>,
+    /// The shards' shape in elements (`256,256,64`), a multiple of each array's chunks.
+    #[arg(long, value_delimiter = ',')]
+    shard_shape: Option<Vec<u64>>,
+    /// The auto policy's target of uncompressed bytes per shard (suffixes K, M, G).
+    #[arg(long, default_value = "128M", value_parser = super::parse_size)]
+    shard_target_bytes: u64,
+    /// Shards built and written at once. Default: the number of CPUs.
+    #[arg(long)]
+    jobs: Option<usize>,
+    /// Print the plan (each array, its chunks and shards) and write nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// The object store's endpoint (a local S3 server, a GCS emulator).
+    #[arg(long)]
+    endpoint: Option<String>,
+}
+
+pub fn pack(args: &PackArgs) -> ExitCode {
+    let stores = open(&args.src, args, false).and_then(|src| {
+        // A dry run's destination need not exist.
+        let missing = !is_object_url(&args.dst) && !Path::new(&args.dst).exists();
+        let dst = match args.dry_run && missing {
+            true => None,
+            false => Some(open(&args.dst, args, !args.dry_run)?),
+        };
+        Ok((src, dst))
+    });
+    let (src, dst) = match stores {
+        Ok(s) => s,
+        Err(e) => {
+            say!("shardfs pack: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let opts = options(args);
+    let started = Instant::now();
+    let terminal = std::io::stderr().is_terminal();
+    let progress = move |done: u64, all: u64, bytes: u64| {
+        if terminal {
+            eprint!("\r{done}/{all} shards, {}", mib(bytes));
+        }
+    };
+    match pack_all(src.as_ref(), dst.as_deref(), &opts, &progress) {
+        Ok(summary) => {
+            if terminal {
+                eprint!("\r\x1b[K");
+            }
+            report(&summary, args.dry_run, started.elapsed().as_secs_f64());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            if terminal {
+                eprintln!();
+            }
+            say!("shardfs pack: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn options(args: &PackArgs) -> Options {
+    Options {
+        policy: match &args.chunks_per_shard {
+            Some(cps) => ShardPolicy::Explicit(cps.clone()),
+            None => ShardPolicy::Auto {
+                target_bytes: args.shard_target_bytes,
+            },
+        },
+        shard_shape: args.shard_shape.clone(),
+        jobs: args.jobs.unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+        }),
+        dry_run: args.dry_run,
+    }
+}
+
+/// The store at `location`; a directory is made first when `make` (a destination).
+fn open(location: &str, args: &PackArgs, make: bool) -> Result<Arc<dyn Store>, String> {
+    if is_object_url(location) {
+        let store = ObjectBacked::open_at(location, args.endpoint.as_deref())
+            .map_err(|e| format!("{location}: {e}"))?;
+        return Ok(Arc::new(store));
+    }
+    let path = PathBuf::from(location);
+    if make {
+        std::fs::create_dir_all(&path).map_err(|e| format!("{location}: {e}"))?;
+    }
+    let dir = absolute(&path).map_err(|e| format!("{location}: {e}"))?;
+    let backing = Backing::new(dir).map_err(|e| format!("{location}: {e}"))?;
+    Ok(Arc::new(backing))
+}
+
+fn absolute(path: &Path) -> std::io::Result<PathBuf> {
+    match path.exists() {
+        true => std::fs::canonicalize(path),
+        false => std::path::absolute(path),
+    }
+}
+
+fn report(s: &Summary, dry_run: bool, seconds: f64) {
+    if dry_run {
+        for a in &s.arrays {
+            let cps: Vec<String> = a.chunks_per_shard.iter().map(u64::to_string).collect();
+            println!(
+                "{}: {} chunks into {} shards of {} chunks",
+                shown(&a.dir),
+                a.chunks,
+                a.shards,
+                cps.join("x")
+            );
+        }
+        println!(
+            "dry run: {} arrays, {} shards, {} other objects; nothing written",
+            s.arrays.len(),
+            s.shards,
+            s.copied
+        );
+        return;
+    }
+    println!(
+        "packed {} arrays: {} shards from {} chunks ({}) in {seconds:.1} s ({}/s); {} other objects copied",
+        s.arrays.len(),
+        s.shards,
+        s.chunks,
+        mib(s.chunk_bytes),
+        mib((s.chunk_bytes as f64 / seconds.max(1e-3)) as u64),
+        s.copied
+    );
+}
+
+fn shown(dir: &Path) -> String {
+    match dir.as_os_str().is_empty() {
+        true => ".".into(),
+        false => dir.display().to_string(),
+    }
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1 << 20) as f64)
+}

@@ -1,0 +1,316 @@
+//! `pack`: every unsharded Zarr v3 array below the source becomes a sharded array in the
+//! destination, each shard built from the chunks' bytes as stored and written once; every
+//! other object (groups, arrays already sharded, files that are no chunk) is copied as it
+//! is. An array's `zarr.json` is written after its shards, so a destination holding an
+//! array's sharded metadata holds all its shards.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use bytes::Bytes;
+
+use super::plan::{PackPlan, ShardPlan, plan_pack};
+use super::{ConvertError, Options, Summary};
+use crate::limits::MAX_FILE_BYTES;
+use crate::shard::ShardBuilder;
+use crate::store::{Precondition, Store};
+use crate::sync::lock;
+use crate::zarr::layout::regular_chunk_shape;
+use crate::zarr::{ArrayMetadata, ChunkKeyEncoding, METADATA_FILE, Node, ShardLayout};
+
+/// Progress, as shards are written: (shards done, shards in all, chunk bytes copied).
+pub type Progress<'a> = &'a (dyn Fn(u64, u64, u64) + Sync);
+
+/// Packs everything below `src` into the empty `dst` (`None`: a dry run's destination
+/// that does not exist yet).
+pub fn pack(
+    src: &dyn Store,
+    dst: Option<&dyn Store>,
+    opts: &Options,
+    progress: Progress,
+) -> Result<Summary, ConvertError> {
+    if let Some(dst) = dst {
+        let top = dst
+            .list(Path::new(""))
+            .map_err(|e| ConvertError::store(dst, Path::new(""), e))?;
+        if !(top.dirs.is_empty() && top.objects.is_empty()) {
+            return Err(ConvertError::NotEmpty(dst.describe(Path::new(""))));
+        }
+    }
+    let packer = Packer {
+        src,
+        dst,
+        opts,
+        progress,
+        summary: Mutex::default(),
+    };
+    packer.walk(Path::new(""))?;
+    Ok(packer
+        .summary
+        .into_inner()
+        .unwrap_or_else(|e| e.into_inner()))
+}
+
+struct Packer<'a> {
+    src: &'a dyn Store,
+    dst: Option<&'a dyn Store>,
+    opts: &'a Options,
+    progress: Progress<'a>,
+    summary: Mutex<Summary>,
+}
+
+/// The objects below an array's directory: its chunks by key, and everything else.
+#[derive(Default)]
+struct ArrayFiles {
+    chunks: std::collections::BTreeSet<String>,
+    others: Vec<PathBuf>,
+}
+
+impl Packer<'_> {
+    fn walk(&self, dir: &Path) -> Result<(), ConvertError> {
+        let listing = self
+            .src
+            .list(dir)
+            .map_err(|e| ConvertError::store(self.src, dir, e))?;
+        if listing.objects.iter().any(|o| o == METADATA_FILE)
+            && let Some(meta) = self.unsharded_array(dir)?
+        {
+            return self.pack_array(dir, &meta);
+        }
+        for name in &listing.objects {
+            self.copy(&dir.join(name))?;
+        }
+        for name in &listing.dirs {
+            self.walk(&dir.join(name))?;
+        }
+        Ok(())
+    }
+
+    /// The metadata of the array at `dir`, if it is an unsharded Zarr v3 array.
+    fn unsharded_array(&self, dir: &Path) -> Result<Option<ArrayMetadata>, ConvertError> {
+        let key = dir.join(METADATA_FILE);
+        let bytes = self.get(self.src, &key)?.unwrap_or_default();
+        let node = Node::parse(&bytes).map_err(|source| ConvertError::Metadata {
+            what: self.src.describe(&key),
+            source,
+        })?;
+        let Node::Array(meta) = node else {
+            return Ok(None);
+        };
+        let sharded = ShardLayout::of(&meta).map_err(|source| ConvertError::Layout {
+            what: self.src.describe(&key),
+            source,
+        })?;
+        Ok(sharded.is_none().then_some(meta))
+    }
+
+    fn pack_array(&self, dir: &Path, meta: &ArrayMetadata) -> Result<(), ConvertError> {
+        let plan = self.plan(dir, meta)?;
+        let files = self.array_files(dir, meta)?;
+        let shards: Vec<ShardPlan> = plan
+            .shards()
+            .filter(|s| s.chunks.iter().any(|(_, k)| files.chunks.contains(k)))
+            .collect();
+        {
+            let mut s = lock(&self.summary);
+            s.arrays.push(super::PackedArray {
+                dir: dir.to_path_buf(),
+                chunks: files.chunks.len() as u64,
+                shards: shards.len() as u64,
+                chunks_per_shard: plan.index_format().chunks_per_shard.clone(),
+            });
+            s.shards += shards.len() as u64;
+            s.chunks += files.chunks.len() as u64;
+        }
+        if self.opts.dry_run {
+            return Ok(());
+        }
+        self.write_shards(dir, &plan, &shards, &files)?;
+        for other in &files.others {
+            self.copy(other)?;
+        }
+        let doc = Node::Array(plan.sharded.clone()).to_json_bytes();
+        self.put(&dir.join(METADATA_FILE), &[Bytes::from(doc)])
+    }
+
+    fn plan(&self, dir: &Path, meta: &ArrayMetadata) -> Result<PackPlan, ConvertError> {
+        let what = || self.src.describe(&dir.join(METADATA_FILE));
+        let chunk_shape = regular_chunk_shape(meta).map_err(|source| ConvertError::Layout {
+            what: what(),
+            source,
+        })?;
+        let cps = match &self.opts.shard_shape {
+            Some(shape) => chunks_per_shard_of(shape, &chunk_shape).ok_or_else(|| {
+                ConvertError::ShardShape {
+                    what: what(),
+                    shape: shape.clone(),
+                    chunks: chunk_shape.clone(),
+                }
+            })?,
+            None => self
+                .opts
+                .policy
+                .chunks_per_shard(&meta.shape, &chunk_shape, meta.item_size())
+                .map_err(|source| ConvertError::Policy {
+                    what: what(),
+                    source,
+                })?,
+        };
+        plan_pack(meta, &cps).map_err(|source| ConvertError::Layout {
+            what: what(),
+            source,
+        })
+    }
+
+    /// Every object below the array's directory, sorted into chunks and others.
+    fn array_files(&self, dir: &Path, meta: &ArrayMetadata) -> Result<ArrayFiles, ConvertError> {
+        let encoding = ChunkKeyEncoding::from_metadata(&meta.chunk_key_encoding).map_err(|e| {
+            ConvertError::Layout {
+                what: self.src.describe(&dir.join(METADATA_FILE)),
+                source: crate::zarr::LayoutError::KeyEncoding(e),
+            }
+        })?;
+        let grid: Vec<u64> = meta
+            .shape
+            .iter()
+            .zip(regular_chunk_shape(meta).unwrap_or_default())
+            .map(|(s, c)| crate::grid::ceil_div(*s, c.max(1)))
+            .collect();
+        let mut files = ArrayFiles::default();
+        let mut stack = vec![PathBuf::new()];
+        while let Some(rel) = stack.pop() {
+            let here = dir.join(&rel);
+            let listing = self
+                .src
+                .list(&here)
+                .map_err(|e| ConvertError::store(self.src, &here, e))?;
+            stack.extend(listing.dirs.iter().map(|d| rel.join(d)));
+            for name in listing.objects {
+                let key = rel.join(&name);
+                let text = key.to_string_lossy().into_owned();
+                let is_chunk = encoding
+                    .decode(&text, meta.ndim())
+                    .is_ok_and(|c| crate::grid::inside(&c, &grid));
+                match is_chunk {
+                    true => drop(files.chunks.insert(text)),
+                    false if key == Path::new(METADATA_FILE) => {}
+                    false => files.others.push(dir.join(key)),
+                }
+            }
+        }
+        Ok(files)
+    }
+
+    /// Builds and writes `shards`, `opts.jobs` at once.
+    fn write_shards(
+        &self,
+        dir: &Path,
+        plan: &PackPlan,
+        shards: &[ShardPlan],
+        files: &ArrayFiles,
+    ) -> Result<(), ConvertError> {
+        let next = AtomicUsize::new(0);
+        let done = AtomicU64::new(0);
+        let bytes = AtomicU64::new(0);
+        let failed: Mutex<Option<ConvertError>> = Mutex::default();
+        let work = || {
+            while lock(&failed).is_none() {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(shard) = shards.get(i) else { break };
+                match self.write_shard(dir, plan, shard, files) {
+                    Ok(n) => {
+                        bytes.fetch_add(n, Ordering::Relaxed);
+                        let d = done.fetch_add(1, Ordering::Relaxed) + 1;
+                        (self.progress)(d, shards.len() as u64, bytes.load(Ordering::Relaxed));
+                    }
+                    Err(e) => *lock(&failed) = Some(e),
+                }
+            }
+        };
+        let result = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..self.opts.jobs.max(1))
+                .map(|_| scope.spawn(work))
+                .collect();
+            workers.into_iter().map(|w| w.join()).collect::<Vec<_>>()
+        });
+        if result.iter().any(Result::is_err) {
+            return Err(ConvertError::Panicked(format!(
+                "a worker packing {} panicked",
+                self.src.describe(dir)
+            )));
+        }
+        if let Some(e) = failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            return Err(e);
+        }
+        lock(&self.summary).chunk_bytes += bytes.load(Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Builds one shard from its chunks as stored and writes it. Returns the chunk bytes.
+    fn write_shard(
+        &self,
+        dir: &Path,
+        plan: &PackPlan,
+        shard: &ShardPlan,
+        files: &ArrayFiles,
+    ) -> Result<u64, ConvertError> {
+        let mut builder = ShardBuilder::new(plan.index_format().clone());
+        let mut total = 0;
+        for (pos, key) in &shard.chunks {
+            if !files.chunks.contains(key) {
+                continue;
+            }
+            // Gone since it was listed: a missing chunk, as in any reader's view.
+            if let Some(bytes) = self.get(self.src, &dir.join(key))? {
+                total += bytes.len() as u64;
+                builder.set(*pos, vec![bytes]);
+            }
+        }
+        if let Some(encoded) = builder.build() {
+            self.put(&dir.join(&shard.key), encoded.buffers())?;
+        }
+        Ok(total)
+    }
+
+    fn copy(&self, key: &Path) -> Result<(), ConvertError> {
+        lock(&self.summary).copied += 1;
+        if self.opts.dry_run {
+            return Ok(());
+        }
+        if let Some(bytes) = self.get(self.src, key)? {
+            self.put(key, &[bytes])?;
+        }
+        Ok(())
+    }
+
+    fn get(&self, store: &dyn Store, key: &Path) -> Result<Option<Bytes>, ConvertError> {
+        store
+            .get(key, MAX_FILE_BYTES)
+            .map(|o| o.map(|(b, _)| b))
+            .map_err(|e| ConvertError::store(store, key, e))
+    }
+
+    fn put(&self, key: &Path, parts: &[Bytes]) -> Result<(), ConvertError> {
+        let Some(dst) = self.dst else {
+            return Ok(()); // a dry run writes nothing
+        };
+        dst.put(key, parts, Precondition::None)
+            .map(drop)
+            .map_err(|e| ConvertError::store(dst, key, e))
+    }
+}
+
+/// Chunks per shard on each axis for shards of `shape` elements, if it is a non-zero
+/// multiple of `chunks` of the same rank.
+fn chunks_per_shard_of(shape: &[u64], chunks: &[u64]) -> Option<Vec<u64>> {
+    (shape.len() == chunks.len())
+        .then(|| {
+            shape
+                .iter()
+                .zip(chunks)
+                .map(|(&s, &c)| (c > 0 && s > 0 && s % c == 0).then_some(s / c))
+                .collect()
+        })
+        .flatten()
+}

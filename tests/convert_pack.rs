@@ -1,0 +1,257 @@
+//! `shardfs pack`: unsharded arrays written by zarr-python and tensorstore (1-D to 4-D,
+//! partial edge chunks, missing chunks, '/' and '.' keys, compressed and raw) become
+//! sharded arrays that both clients read equal and `shardfs verify` finds sound; the source
+//! is never changed; a dry run writes nothing; what cannot be done is refused before
+//! anything is written.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use common::{python, shardfs, stderr, stdout};
+
+fn cases_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/pack_cases.py")
+}
+
+fn cases(args: &[&str]) -> String {
+    let out = std::process::Command::new(python())
+        .arg(cases_script())
+        .args(args)
+        .output()
+        .expect("python runs");
+    assert!(
+        out.status.success(),
+        "pack_cases.py {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A fresh source hierarchy in a temporary directory.
+fn source() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    cases(&["write", src.to_str().unwrap()]);
+    (dir, src)
+}
+
+/// Every file below `dir` with its content.
+fn contents(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.insert(
+                    p.strip_prefix(dir).unwrap().into(),
+                    std::fs::read(&p).unwrap(),
+                );
+            }
+        }
+    }
+    out
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn packed_arrays_read_equal_in_both_clients_and_verify_sound() {
+    let (dir, src) = source();
+    let before = contents(&src);
+    let dst = dir.path().join("dst");
+    let out = shardfs(&[
+        "pack",
+        s(&src),
+        s(&dst),
+        "--chunks-per-shard",
+        "2",
+        "--jobs",
+        "3",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).starts_with("packed 5 arrays: "),
+        "the summary: {}",
+        stdout(&out)
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&cases(&["compare", s(&src), s(&dst)])).unwrap();
+    for (name, r) in report.as_object().unwrap() {
+        assert_eq!(r["sharded_after"], true, "{name} is sharded in DST");
+    }
+    assert_eq!(report.as_object().unwrap().len(), 6);
+    let verify = shardfs(&["verify", s(&dst)]);
+    assert_eq!(verify.status.code(), Some(0), "{}", stdout(&verify));
+    assert_eq!(contents(&src), before, "the source is never changed");
+    // Chunk files became shards: far fewer files, each chunk's bytes in one of them.
+    let packed = contents(&dst);
+    assert!(
+        packed.len() * 2 < before.len(),
+        "{} files from {}",
+        packed.len(),
+        before.len()
+    );
+    let chunk_bytes: usize = before
+        .iter()
+        .filter(|(k, _)| k.starts_with("zp/two/c"))
+        .map(|(_, v)| v.len())
+        .sum();
+    let shard_bytes: usize = packed
+        .iter()
+        .filter(|(k, _)| k.starts_with("zp/two/c"))
+        .map(|(_, v)| v.len())
+        .sum();
+    let shards = packed.keys().filter(|k| k.starts_with("zp/two/c")).count();
+    // Raw uint8 chunks copied as they are, plus one index of 4 entries per shard.
+    assert_eq!(shard_bytes, chunk_bytes + shards * (4 * 16 + 4));
+}
+
+#[test]
+fn the_shard_shape_and_the_auto_policy_are_followed() {
+    let (dir, src) = source();
+    let dst = dir.path().join("dst");
+    let one = src.join("zp/one");
+    let out = shardfs(&["pack", s(&one), s(&dst), "--shard-shape", "28"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dst.join("zarr.json")).unwrap()).unwrap();
+    assert_eq!(
+        meta["chunk_grid"]["configuration"]["chunk_shape"],
+        serde_json::json!([28])
+    );
+    assert_eq!(
+        meta["codecs"][0]["configuration"]["chunk_shape"],
+        serde_json::json!([7])
+    );
+    // 100 elements in shards of 28: 4 shards.
+    assert_eq!(contents(&dst.join("c")).len(), 4);
+    // The auto policy puts this small array in one shard.
+    let auto = dir.path().join("auto");
+    let out = shardfs(&["pack", s(&src.join("zp/two")), s(&auto)]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(contents(&auto.join("c")).len(), 1);
+}
+
+#[test]
+fn a_dry_run_prints_the_plan_and_writes_nothing() {
+    let (dir, src) = source();
+    let dst = dir.path().join("dst");
+    let out = shardfs(&[
+        "pack",
+        s(&src),
+        s(&dst),
+        "--chunks-per-shard",
+        "2",
+        "--dry-run",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("zp/two: 24 chunks into 9 shards of 2x2 chunks"),
+        "{text}"
+    );
+    assert!(text.contains("nothing written"), "{text}");
+    assert!(!dst.exists(), "a dry run makes no destination");
+}
+
+#[test]
+fn what_cannot_be_done_is_refused_before_anything_is_written() {
+    let (dir, src) = source();
+    // A destination that is not empty: exit 1, left as it was.
+    let full = dir.path().join("full");
+    std::fs::create_dir(&full).unwrap();
+    std::fs::write(full.join("mine"), b"keep").unwrap();
+    let out = shardfs(&["pack", s(&src), s(&full)]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("is not empty"), "{}", stderr(&out));
+    assert_eq!(contents(&full).len(), 1);
+    // A shard shape that is no multiple of the chunks: the array named, nothing written.
+    let dst = dir.path().join("dst");
+    let out = shardfs(&[
+        "pack",
+        s(&src.join("zp/two")),
+        s(&dst),
+        "--shard-shape",
+        "9,5",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("not a multiple of the chunk shape [8, 5]"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(contents(&dst).is_empty());
+    // Garbage metadata in the source: named, exit 1.
+    std::fs::write(src.join("zp/one/zarr.json"), b"{ nope").unwrap();
+    let out = shardfs(&["pack", s(&src), s(&dir.path().join("d2"))]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("zp/one/zarr.json: not Zarr v3 metadata"),
+        "{}",
+        stderr(&out)
+    );
+    // No source: a usage error.
+    let out = shardfs(&[
+        "pack",
+        s(&dir.path().join("nothing")),
+        s(&dir.path().join("d3")),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}
+
+/// `shardfs pack` with a store's environment.
+fn pack_with(env: Vec<(&'static str, String)>, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(common::shardfs_bin())
+        .arg("pack")
+        .args(args)
+        .envs(env)
+        .output()
+        .expect("shardfs runs")
+}
+
+#[test]
+fn packing_into_and_out_of_each_object_store() {
+    use common::stores::{Kind, StoreServer};
+    let (dir, src) = source();
+    for kind in [Kind::S3, Kind::Gcs, Kind::Azure] {
+        let server = StoreServer::start(kind);
+        let url = server.url("packed");
+        let out = pack_with(server.env(), &[s(&src), &url, "--chunks-per-shard", "2"]);
+        assert_eq!(out.status.code(), Some(0), "{kind:?}: {}", stderr(&out));
+        // zp/two: a 5x5 grid of chunks (the first one missing) in 3x3 shards.
+        let shards = server.keys("packed/zp/two/c/");
+        assert_eq!(shards.len(), 9, "{kind:?}: {shards:?}");
+        // Out again (arrays already sharded are copied as they are): equal everywhere.
+        let back = dir.path().join(format!("back-{kind:?}"));
+        let out = pack_with(server.env(), &[&url, s(&back)]);
+        assert_eq!(out.status.code(), Some(0), "{kind:?}: {}", stderr(&out));
+        assert!(
+            stdout(&out).starts_with("packed 0 arrays"),
+            "{}",
+            stdout(&out)
+        );
+        let report = cases(&["compare", s(&src), s(&back)]);
+        assert!(
+            !report.contains("\"sharded_after\": false"),
+            "{kind:?}: {report}"
+        );
+        let verify = shardfs(&["verify", s(&back)]);
+        assert_eq!(
+            verify.status.code(),
+            Some(0),
+            "{kind:?}: {}",
+            stdout(&verify)
+        );
+        // Into a prefix that holds something: refused, exit 1.
+        let out = pack_with(server.env(), &[s(&src), &url]);
+        assert_eq!(out.status.code(), Some(1), "{kind:?}");
+        assert!(stderr(&out).contains("is not empty"), "{}", stderr(&out));
+    }
+}

@@ -1,0 +1,91 @@
+"""Arrays for the pack tests, written by the real clients, and their comparison.
+
+    pack_cases.py write SRC      a hierarchy of unsharded arrays (zarr-python and
+                                 tensorstore: 1-D to 4-D, partial edge chunks, missing
+                                 chunks, '/' and '.' keys, compressed and raw), a sharded
+                                 array and a group with attributes
+    pack_cases.py compare SRC DST
+                                 every array reads equal in SRC and DST with zarr-python
+                                 and tensorstore; arrays unsharded in SRC are sharded in DST
+"""
+import json
+import os
+import sys
+
+import numpy as np
+import tensorstore as ts
+import zarr
+
+ZP_ARRAYS = {
+    # name: (shape, chunks, dtype, key separator, compressed)
+    "one": ((100,), (7,), "int32", "/", True),
+    "two": ((33, 21), (8, 5), "uint8", "/", False),
+    "three": ((17, 9, 12), (4, 4, 5), "float32", ".", True),
+    "four": ((5, 6, 7, 3), (2, 3, 2, 2), "uint16", "/", False),
+}
+
+
+def values(shape, dtype):
+    n = int(np.prod(shape))
+    return (np.arange(n) % 251 + 1).astype(dtype).reshape(shape)
+
+
+def write(src):
+    g = zarr.open_group(src, mode="w")
+    g.attrs["about"] = "pack test"
+    for name, (shape, chunks, dtype, sep, compressed) in ZP_ARRAYS.items():
+        a = g.create_array(
+            f"zp/{name}", shape=shape, chunks=chunks, dtype=dtype, fill_value=0,
+            chunk_key_encoding={"name": "default", "separator": sep},
+            compressors="auto" if compressed else None)
+        data = values(shape, dtype)
+        # The first chunk holds only the fill value: zarr-python writes no file for it.
+        data[tuple(slice(0, c) for c in chunks)] = 0
+        a[...] = data
+    g.create_array("sharded", shape=(8, 8), chunks=(2, 2), shards=(4, 4),
+                   dtype="uint8")[...] = 9
+    t = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": f"{src}/ts/arr"},
+                 "metadata": {"shape": [40, 30], "data_type": "int16",
+                              "chunk_grid": {"name": "regular",
+                                             "configuration": {"chunk_shape": [16, 16]}},
+                              "codecs": [{"name": "bytes", "configuration": {"endian": "little"}},
+                                         {"name": "zstd", "configuration": {"level": 1}}]}},
+                create=True).result()
+    t[0:32, :].write(values((32, 30), "int16")).result()  # row 2 of chunks stays missing
+    zarr.open_group(f"{src}/ts", mode="a")
+
+
+def arrays(root):
+    out = []
+    for d, _, files in os.walk(root):
+        if "zarr.json" in files:
+            with open(os.path.join(d, "zarr.json")) as f:
+                if json.load(f)["node_type"] == "array":
+                    out.append(os.path.relpath(d, root))
+    return sorted(out)
+
+
+def sharded(meta_dir):
+    with open(os.path.join(meta_dir, "zarr.json")) as f:
+        return json.load(f)["codecs"][0]["name"] == "sharding_indexed"
+
+
+def compare(src, dst):
+    names = arrays(src)
+    assert arrays(dst) == names, (arrays(dst), names)
+    report = {}
+    for name in names:
+        a = zarr.open_array(os.path.join(src, name), mode="r")[...]
+        b = zarr.open_array(os.path.join(dst, name), mode="r")[...]
+        assert a.dtype == b.dtype and np.array_equal(a, b), f"{name}: zarr-python differs"
+        t = ts.open({"driver": "zarr3",
+                     "kvstore": {"driver": "file", "path": os.path.join(dst, name)}}).result()
+        assert np.array_equal(t.read().result(), a), f"{name}: tensorstore differs"
+        report[name] = {"sharded_before": sharded(os.path.join(src, name)),
+                        "sharded_after": sharded(os.path.join(dst, name))}
+    assert dict(zarr.open_group(dst, mode="r").attrs) == dict(zarr.open_group(src, mode="r").attrs)
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    {"write": write, "compare": compare}[sys.argv[1]](*sys.argv[2:])
