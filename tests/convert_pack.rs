@@ -197,6 +197,18 @@ fn what_cannot_be_done_is_refused_before_anything_is_written() {
         "{}",
         stderr(&out)
     );
+    // A destination inside the source (or the source itself, or the other way round): a
+    // usage error, nothing written.
+    for (a, b) in [
+        (src.clone(), src.join("out")),
+        (src.join("zp"), src.join("zp/../zp")),
+        (src.join("zp/two"), src.clone()),
+    ] {
+        let out = shardfs(&["pack", s(&a), s(&b)]);
+        assert_eq!(out.status.code(), Some(2), "{a:?} {b:?}");
+        assert!(stderr(&out).contains("overlap"), "{}", stderr(&out));
+    }
+    assert!(!src.join("out").exists());
     // No source: a usage error.
     let out = shardfs(&[
         "pack",

@@ -41,6 +41,10 @@ pub struct PackArgs {
 }
 
 pub fn pack(args: &PackArgs) -> ExitCode {
+    if let Some(why) = nested(&args.src, &args.dst) {
+        say!("shardfs pack: {why}");
+        return ExitCode::from(2);
+    }
     let stores = open(&args.src, args, false).and_then(|src| {
         // A dry run's destination need not exist.
         let missing = !is_object_url(&args.dst) && !Path::new(&args.dst).exists();
@@ -162,4 +166,38 @@ fn shown(dir: &Path) -> String {
 
 fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1 << 20) as f64)
+}
+
+/// Why SRC and DST may not be used together: one inside the other (or the same), so that
+/// the walk of SRC would meet what is being written.
+fn nested(src: &str, dst: &str) -> Option<String> {
+    let (a, b) = match (is_object_url(src), is_object_url(dst)) {
+        (true, true) => (url_prefix(src), url_prefix(dst)),
+        (false, false) => (
+            resolved(Path::new(src)).ok()?,
+            resolved(Path::new(dst)).ok()?,
+        ),
+        _ => return None,
+    };
+    (a.starts_with(&b) || b.starts_with(&a))
+        .then(|| format!("{src} and {dst} overlap: one lies inside the other"))
+}
+
+/// An object store URL as a path (scheme, bucket, then the prefix's parts).
+fn url_prefix(url: &str) -> PathBuf {
+    PathBuf::from(url.replacen("://", "/", 1))
+}
+
+/// `path` with every link and `..` resolved, also where its end does not exist yet.
+fn resolved(path: &Path) -> std::io::Result<PathBuf> {
+    let path = std::path::absolute(path)?;
+    let mut missing = Vec::new();
+    let mut existing = path.as_path();
+    while !existing.exists() {
+        missing.push(existing.file_name().unwrap_or_default().to_owned());
+        existing = existing.parent().unwrap_or(Path::new("/"));
+    }
+    let mut out = std::fs::canonicalize(existing)?;
+    out.extend(missing.iter().rev());
+    Ok(out)
 }

@@ -63,7 +63,8 @@ struct Packer<'a> {
 /// The objects below an array's directory: its chunks by key, and everything else.
 #[derive(Default)]
 struct ArrayFiles {
-    chunks: std::collections::BTreeSet<String>,
+    /// Key → coordinates.
+    chunks: std::collections::BTreeMap<String, Vec<u64>>,
     others: Vec<PathBuf>,
 }
 
@@ -108,10 +109,7 @@ impl Packer<'_> {
     fn pack_array(&self, dir: &Path, meta: &ArrayMetadata) -> Result<(), ConvertError> {
         let plan = self.plan(dir, meta)?;
         let files = self.array_files(dir, meta)?;
-        let shards: Vec<ShardPlan> = plan
-            .shards()
-            .filter(|s| s.chunks.iter().any(|(_, k)| files.chunks.contains(k)))
-            .collect();
+        let shards = plan.shards_of(files.chunks.iter().map(|(k, c)| (c.clone(), k.clone())));
         {
             let mut s = lock(&self.summary);
             s.arrays.push(super::PackedArray {
@@ -126,7 +124,7 @@ impl Packer<'_> {
         if self.opts.dry_run {
             return Ok(());
         }
-        self.write_shards(dir, &plan, &shards, &files)?;
+        self.write_shards(dir, &plan, &shards)?;
         for other in &files.others {
             self.copy(other)?;
         }
@@ -189,13 +187,14 @@ impl Packer<'_> {
             for name in listing.objects {
                 let key = rel.join(&name);
                 let text = key.to_string_lossy().into_owned();
-                let is_chunk = encoding
+                let chunk = encoding
                     .decode(&text, meta.ndim())
-                    .is_ok_and(|c| crate::grid::inside(&c, &grid));
-                match is_chunk {
-                    true => drop(files.chunks.insert(text)),
-                    false if key == Path::new(METADATA_FILE) => {}
-                    false => files.others.push(dir.join(key)),
+                    .ok()
+                    .filter(|c| crate::grid::inside(c, &grid));
+                match chunk {
+                    Some(coords) => drop(files.chunks.insert(text, coords)),
+                    None if key == Path::new(METADATA_FILE) => {}
+                    None => files.others.push(dir.join(key)),
                 }
             }
         }
@@ -208,7 +207,6 @@ impl Packer<'_> {
         dir: &Path,
         plan: &PackPlan,
         shards: &[ShardPlan],
-        files: &ArrayFiles,
     ) -> Result<(), ConvertError> {
         let next = AtomicUsize::new(0);
         let done = AtomicU64::new(0);
@@ -218,7 +216,7 @@ impl Packer<'_> {
             while lock(&failed).is_none() {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(shard) = shards.get(i) else { break };
-                match self.write_shard(dir, plan, shard, files) {
+                match self.write_shard(dir, plan, shard) {
                     Ok(n) => {
                         bytes.fetch_add(n, Ordering::Relaxed);
                         let d = done.fetch_add(1, Ordering::Relaxed) + 1;
@@ -253,14 +251,10 @@ impl Packer<'_> {
         dir: &Path,
         plan: &PackPlan,
         shard: &ShardPlan,
-        files: &ArrayFiles,
     ) -> Result<u64, ConvertError> {
         let mut builder = ShardBuilder::new(plan.index_format().clone());
         let mut total = 0;
         for (pos, key) in &shard.chunks {
-            if !files.chunks.contains(key) {
-                continue;
-            }
             // Gone since it was listed: a missing chunk, as in any reader's view.
             if let Some(bytes) = self.get(self.src, &dir.join(key))? {
                 total += bytes.len() as u64;

@@ -5,7 +5,6 @@
 //! default encoding shard `(i, j)` and chunk `(i, j)` share the key `c/i/j`, which is why
 //! an in-place pack must never write a shard over a chunk file it has not taken yet.
 
-use crate::grid;
 use crate::shard::IndexLocation;
 use crate::zarr::{ArrayMetadata, ChunkKeyEncoding, LayoutError, ShardLayout, sharded_with};
 
@@ -23,8 +22,8 @@ pub struct PackPlan {
 pub struct ShardPlan {
     pub shard: Vec<u64>,
     pub key: String,
-    /// (position in the shard's index, the chunk's key in the unsharded array), for the
-    /// positions inside the array only (an edge shard has fewer).
+    /// (position in the shard's index, the chunk's key in the unsharded array), by
+    /// position: the chunks that exist.
     pub chunks: Vec<(usize, String)>,
 }
 
@@ -42,32 +41,31 @@ pub fn plan_pack(meta: &ArrayMetadata, chunks_per_shard: &[u64]) -> Result<PackP
 }
 
 impl PackPlan {
-    /// How many shards the array has (each written once, if it holds any chunk).
-    pub fn shard_count(&self) -> usize {
-        grid::count(&self.layout.shard_grid_shape())
-    }
-
-    /// The shard at `index` in C order of the shard grid (`0..shard_count()`).
-    pub fn shard(&self, index: usize) -> ShardPlan {
-        let shard = grid::unravel(index, &self.layout.shard_grid_shape());
-        let chunk_grid = self.layout.chunk_grid_shape();
-        let positions = grid::count(self.layout.chunks_per_shard());
-        let chunks = (0..positions)
-            .filter_map(|pos| {
-                let coords = self.layout.chunk_coords(&shard, pos);
-                grid::inside(&coords, &chunk_grid).then(|| (pos, self.keys.encode(&coords)))
-            })
-            .collect();
-        ShardPlan {
-            key: self.keys.encode(&shard),
-            shard,
-            chunks,
+    /// The shards holding the chunks at `chunks` (coordinates and key, each inside the
+    /// array), in C order of the shard grid, each with its chunks by position. Only shards
+    /// with a chunk are planned: an array of 10^12 mostly missing chunks costs what it
+    /// holds, not what its grid spans.
+    pub fn shards_of(
+        &self,
+        chunks: impl IntoIterator<Item = (Vec<u64>, String)>,
+    ) -> Vec<ShardPlan> {
+        let mut by_shard: std::collections::BTreeMap<Vec<u64>, Vec<(usize, String)>> =
+            Default::default();
+        for (coords, key) in chunks {
+            let at = self.layout.locate(&coords);
+            by_shard.entry(at.shard).or_default().push((at.pos, key));
         }
-    }
-
-    /// Every shard, in C order of the shard grid.
-    pub fn shards(&self) -> impl Iterator<Item = ShardPlan> + '_ {
-        (0..self.shard_count()).map(|i| self.shard(i))
+        by_shard
+            .into_iter()
+            .map(|(shard, mut chunks)| {
+                chunks.sort();
+                ShardPlan {
+                    key: self.keys.encode(&shard),
+                    shard,
+                    chunks,
+                }
+            })
+            .collect()
     }
 
     /// The shards' index format, for the shard builder.
@@ -95,6 +93,18 @@ mod tests {
         }
     }
 
+    /// Every chunk of a 2-D `grid`, keyed as `prefix` + coordinates joined by `sep`, in an
+    /// order other than C order.
+    fn every_chunk(grid: &[u64], prefix: &str, sep: &str) -> Vec<(Vec<u64>, String)> {
+        let mut all = Vec::new();
+        for j in (0..grid[1]).rev() {
+            for i in 0..grid[0] {
+                all.push((vec![i, j], format!("{prefix}{i}{sep}{j}")));
+            }
+        }
+        all
+    }
+
     const DEFAULT: &str = r#"{"name":"default","configuration":{"separator":"/"}}"#;
     const V2_DOT: &str = r#"{"name":"v2","configuration":{"separator":"."}}"#;
 
@@ -102,7 +112,7 @@ mod tests {
     fn each_chunk_goes_to_its_shard_once_and_edge_shards_take_only_what_exists() {
         // A 5x3 array of 2x2 chunks: a 3x2 chunk grid; 2x2 chunks per shard: 2x1 shards.
         let plan = plan_pack(&array("[5,3]", "[2,2]", DEFAULT), &[2, 2]).unwrap();
-        let shards: Vec<ShardPlan> = plan.shards().collect();
+        let shards = plan.shards_of(every_chunk(&[3, 2], "c/", "/"));
         let keys = |v: &[(usize, &str)]| -> Vec<(usize, String)> {
             v.iter().map(|(p, k)| (*p, k.to_string())).collect()
         };
@@ -131,6 +141,17 @@ mod tests {
     }
 
     #[test]
+    fn only_shards_with_a_chunk_are_planned_however_large_the_grid() {
+        let plan = plan_pack(&array("[1000000000000]", "[1]", DEFAULT), &[4]).unwrap();
+        let shards = plan.shards_of([(vec![999_999_999_999], "c/999999999999".to_string())]);
+        assert_eq!(shards.len(), 1);
+        assert_eq!(
+            (shards[0].key.as_str(), shards[0].chunks.as_slice()),
+            ("c/249999999999", &[(3, "c/999999999999".to_string())][..])
+        );
+    }
+
+    #[test]
     fn the_sharded_metadata_keeps_the_chunks_codecs_inside_the_shards() {
         let meta = array("[5,3]", "[2,2]", DEFAULT);
         let plan = plan_pack(&meta, &[2, 2]).unwrap();
@@ -151,8 +172,9 @@ mod tests {
     #[test]
     fn the_arrays_key_encoding_names_chunks_and_shards() {
         let plan = plan_pack(&array("[4,4]", "[2,2]", V2_DOT), &[1, 2]).unwrap();
-        assert_eq!(plan.shard_count(), 2);
-        let second = plan.shard(1);
+        let shards = plan.shards_of(every_chunk(&[2, 2], "", "."));
+        assert_eq!(shards.len(), 2);
+        let second = &shards[1];
         assert_eq!(second.key, "1.0");
         assert_eq!(
             second.chunks,
