@@ -17,7 +17,10 @@ use crate::shard::ShardBuilder;
 use crate::store::{Precondition, Store};
 use crate::sync::lock;
 use crate::zarr::layout::regular_chunk_shape;
-use crate::zarr::{ArrayMetadata, ChunkKeyEncoding, METADATA_FILE, Node, ShardLayout};
+use crate::zarr::{
+    ArrayMetadata, ChunkKeyEncoding, GroupMetadata, LayoutError, METADATA_FILE, Node, ShardLayout,
+    translate_consolidated,
+};
 
 /// Progress, as shards are written: (shards done, shards in all, chunk bytes copied).
 pub type Progress<'a> = &'a (dyn Fn(u64, u64, u64) + Sync);
@@ -44,8 +47,11 @@ pub fn pack(
         opts,
         progress,
         summary: Mutex::default(),
+        packed: Mutex::default(),
+        consolidated: Mutex::default(),
     };
     packer.walk(Path::new(""))?;
+    packer.write_consolidated()?;
     Ok(packer
         .summary
         .into_inner()
@@ -58,6 +64,10 @@ struct Packer<'a> {
     opts: &'a Options,
     progress: Progress<'a>,
     summary: Mutex<Summary>,
+    /// Arrays packed: directory → sharded metadata.
+    packed: Mutex<std::collections::BTreeMap<PathBuf, ArrayMetadata>>,
+    /// Groups with consolidated metadata, written last (`write_consolidated`).
+    consolidated: Mutex<Vec<(PathBuf, GroupMetadata)>>,
 }
 
 /// The objects below an array's directory: its chunks by key, and everything else.
@@ -74,13 +84,23 @@ impl Packer<'_> {
             .src
             .list(dir)
             .map_err(|e| ConvertError::store(self.src, dir, e))?;
-        if listing.objects.iter().any(|o| o == METADATA_FILE)
-            && let Some(meta) = self.unsharded_array(dir)?
-        {
-            return self.pack_array(dir, &meta);
+        let mut copy_document = true;
+        if listing.objects.iter().any(|o| o == METADATA_FILE) {
+            match self.node(dir)? {
+                Node::Array(meta) if self.unsharded(dir, &meta)? => {
+                    return self.pack_array(dir, &meta);
+                }
+                Node::Group(group) if group.consolidated_entries().is_some() => {
+                    lock(&self.consolidated).push((dir.to_path_buf(), group));
+                    copy_document = false;
+                }
+                _ => {}
+            }
         }
         for name in &listing.objects {
-            self.copy(&dir.join(name))?;
+            if copy_document || name != METADATA_FILE {
+                self.copy(&dir.join(name))?;
+            }
         }
         for name in &listing.dirs {
             self.walk(&dir.join(name))?;
@@ -88,22 +108,42 @@ impl Packer<'_> {
         Ok(())
     }
 
-    /// The metadata of the array at `dir`, if it is an unsharded Zarr v3 array.
-    fn unsharded_array(&self, dir: &Path) -> Result<Option<ArrayMetadata>, ConvertError> {
+    /// The node whose document is in `dir`.
+    fn node(&self, dir: &Path) -> Result<Node, ConvertError> {
         let key = dir.join(METADATA_FILE);
         let bytes = self.get(self.src, &key)?.unwrap_or_default();
-        let node = Node::parse(&bytes).map_err(|source| ConvertError::Metadata {
+        Node::parse(&bytes).map_err(|source| ConvertError::Metadata {
             what: self.src.describe(&key),
             source,
-        })?;
-        let Node::Array(meta) = node else {
-            return Ok(None);
-        };
-        let sharded = ShardLayout::of(&meta).map_err(|source| ConvertError::Layout {
-            what: self.src.describe(&key),
+        })
+    }
+
+    /// Whether the array at `dir` is unsharded (one that cannot be read is refused).
+    fn unsharded(&self, dir: &Path, meta: &ArrayMetadata) -> Result<bool, ConvertError> {
+        let sharded = ShardLayout::of(meta).map_err(|source| ConvertError::Layout {
+            what: self.src.describe(&dir.join(METADATA_FILE)),
             source,
         })?;
-        Ok(sharded.is_none().then_some(meta))
+        Ok(sharded.is_none())
+    }
+
+    /// Writes the documents of groups with consolidated metadata, last (once every array
+    /// below is in place), each packed array's entry replaced by its sharded metadata: a
+    /// reader that trusts the consolidated metadata must not take shards for chunks.
+    fn write_consolidated(&self) -> Result<(), ConvertError> {
+        let packed = lock(&self.packed);
+        for (dir, group) in lock(&self.consolidated).iter().rev() {
+            let (translated, _) = translate_consolidated(group, |path, _| {
+                packed
+                    .get(&dir.join(path))
+                    .cloned()
+                    .ok_or(LayoutError::NotSharded)
+            });
+            let doc = Node::Group(translated).to_json_bytes();
+            lock(&self.summary).copied += 1;
+            self.put(&dir.join(METADATA_FILE), &[Bytes::from(doc)])?;
+        }
+        Ok(())
     }
 
     fn pack_array(&self, dir: &Path, meta: &ArrayMetadata) -> Result<(), ConvertError> {
@@ -129,7 +169,9 @@ impl Packer<'_> {
             self.copy(other)?;
         }
         let doc = Node::Array(plan.sharded.clone()).to_json_bytes();
-        self.put(&dir.join(METADATA_FILE), &[Bytes::from(doc)])
+        self.put(&dir.join(METADATA_FILE), &[Bytes::from(doc)])?;
+        lock(&self.packed).insert(dir.to_path_buf(), plan.sharded);
+        Ok(())
     }
 
     fn plan(&self, dir: &Path, meta: &ArrayMetadata) -> Result<PackPlan, ConvertError> {
@@ -286,7 +328,7 @@ impl Packer<'_> {
     }
 
     fn put(&self, key: &Path, parts: &[Bytes]) -> Result<(), ConvertError> {
-        let Some(dst) = self.dst else {
+        let Some(dst) = self.dst.filter(|_| !self.opts.dry_run) else {
             return Ok(()); // a dry run writes nothing
         };
         dst.put(key, parts, Precondition::None)
