@@ -209,6 +209,41 @@ fn what_cannot_be_done_is_refused_before_anything_is_written() {
         assert!(stderr(&out).contains("overlap"), "{}", stderr(&out));
     }
     assert!(!src.join("out").exists());
+    // What pack cannot copy, or would take for a shard: refused before anything is
+    // written, into DST or in place.
+    let two = src.join("zp/two");
+    let pristine_two = contents(&two);
+    for (what, make) in [
+        (
+            "a link",
+            &(|d: &Path| std::os::unix::fs::symlink("0", d.join("c/4/4")).unwrap())
+                as &dyn Fn(&Path),
+        ),
+        ("outside the grid", &|d: &Path| {
+            std::fs::write(d.join("c/9"), b"x").unwrap()
+        }),
+    ] {
+        std::fs::remove_file(two.join("c/4/4")).ok();
+        make(&two);
+        let dst = dir.path().join("d4");
+        let out = shardfs(&["pack", s(&two), s(&dst)]);
+        assert_eq!(out.status.code(), Some(1), "{what}");
+        assert!(
+            stderr(&out).contains("move it away first"),
+            "{what}: {}",
+            stderr(&out)
+        );
+        assert!(contents(&dst).is_empty(), "{what}: nothing written");
+        let out = shardfs(&["pack", s(&two)]);
+        assert_eq!(out.status.code(), Some(1), "{what}, in place");
+        std::fs::remove_file(two.join("c/9")).ok();
+        std::fs::remove_file(two.join("c/4/4")).ok();
+    }
+    assert_eq!(
+        contents(&two).len() + 1,
+        pristine_two.len(),
+        "in place, nothing changed"
+    );
     // No source: a usage error.
     let out = shardfs(&[
         "pack",
@@ -266,4 +301,140 @@ fn packing_into_and_out_of_each_object_store() {
         assert_eq!(out.status.code(), Some(1), "{kind:?}");
         assert!(stderr(&out).contains("is not empty"), "{}", stderr(&out));
     }
+}
+
+/// Every file below `dir` whose name says it is a leftover of a pack in place.
+fn leftovers(dir: &Path) -> Vec<PathBuf> {
+    contents(dir)
+        .into_keys()
+        .filter(|k| {
+            let name = k.file_name().unwrap().to_string_lossy();
+            name == ".shardfs-pack.json" || name.ends_with(".__lock")
+        })
+        .collect()
+}
+
+#[test]
+fn packing_in_place_gives_what_packing_elsewhere_gives() {
+    let (dir, src) = source();
+    let pristine = dir.path().join("pristine");
+    common::copy_tree(&src, &pristine);
+    let elsewhere = dir.path().join("elsewhere");
+    let out = shardfs(&["pack", s(&src), s(&elsewhere), "--chunks-per-shard", "2"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = shardfs(&["pack", s(&src), "--chunks-per-shard", "2", "--jobs", "2"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).starts_with("packed 5 arrays"),
+        "{}",
+        stdout(&out)
+    );
+    cases(&["compare", s(&pristine), s(&src)]);
+    let verify = shardfs(&["verify", s(&src)]);
+    assert_eq!(verify.status.code(), Some(0), "{}", stdout(&verify));
+    assert!(leftovers(&src).is_empty(), "{:?}", leftovers(&src));
+    // The same shards, byte for byte, as a pack into another directory writes; the
+    // documents the same but for the consolidated metadata's formatting.
+    let (here, there) = (contents(&src), contents(&elsewhere));
+    let shards = |m: &BTreeMap<PathBuf, Vec<u8>>| -> BTreeMap<PathBuf, Vec<u8>> {
+        m.iter()
+            .filter(|(k, _)| !k.ends_with("zarr.json"))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    };
+    assert_eq!(shards(&here), shards(&there));
+    // Again: nothing left to do.
+    let out = shardfs(&["pack", s(&src)]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).starts_with("packed 0 arrays"),
+        "{}",
+        stdout(&out)
+    );
+    assert_eq!(contents(&src), here);
+}
+
+#[test]
+fn a_pack_in_place_killed_anywhere_reads_equal_and_a_rerun_finishes_it() {
+    let (dir, src) = source();
+    let work = dir.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    let trials = std::env::var("SHARDFS_PACK_TRIALS").unwrap_or_else(|_| "50".into());
+    let out = std::process::Command::new(python())
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/pack_crash.py"))
+        .args([s(&common::shardfs_bin()), s(&src), s(&work), &trials, "7"])
+        .output()
+        .expect("python runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let report: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    eprintln!("pack in place under SIGKILL: {report}");
+    let by_state = report["kills_by_state"].as_object().unwrap();
+    // Kills fell before the flip and after it, not only at the start or the end.
+    assert!(by_state.contains_key("unsharded (staging)"), "{report}");
+    assert!(by_state.contains_key("sharded (finishing)"), "{report}");
+}
+
+/// A tmpfs mounted for one test, unmounted when dropped.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(at: &Path, size: &str) -> Tmpfs {
+        std::fs::create_dir_all(at).unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs", s(at)])
+            .status()
+            .unwrap();
+        assert!(ok.success(), "mounting a tmpfs");
+        Tmpfs(at.to_path_buf())
+    }
+
+    fn resize(&self, size: &str) {
+        let ok = std::process::Command::new("mount")
+            .args(["-o", &format!("remount,size={size}"), s(&self.0)])
+            .status()
+            .unwrap();
+        assert!(ok.success(), "resizing the tmpfs");
+    }
+
+    fn used(&self) -> u64 {
+        let st = rustix::fs::statvfs(&self.0).unwrap();
+        (st.f_blocks - st.f_bfree) * st.f_frsize
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .args(["-l", s(&self.0)])
+            .status();
+    }
+}
+
+#[test]
+fn a_pack_in_place_on_a_full_disk_fails_clearly_loses_nothing_and_finishes_later() {
+    let (dir, src) = source();
+    let fs = Tmpfs::mount(&dir.path().join("small"), "16m");
+    let root = fs.0.join("data");
+    common::copy_tree(&src, &root);
+    // Room for two small shards (a page each): every array but the smallest needs more
+    // (arrays are packed one after the other, each freeing its chunks' room when done).
+    fs.resize(&format!("{}", fs.used() + 8 * 1024));
+    let out = shardfs(&["pack", s(&root), "--chunks-per-shard", "2"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("No space left on device"),
+        "{}",
+        stderr(&out)
+    );
+    cases(&["reads", s(&src), s(&root)]);
+    fs.resize("16m");
+    let out = shardfs(&["pack", s(&root), "--chunks-per-shard", "2"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    cases(&["compare", s(&src), s(&root)]);
+    assert!(leftovers(&root).is_empty(), "{:?}", leftovers(&root));
 }

@@ -273,6 +273,11 @@ impl Backing {
         // (A daemon of an ordinary user could not open it so; it gives nothing away.)
         let root = rustix::process::geteuid().is_root();
         let first = Mode::from_raw_mode(if root { 0 } else { 0o700 });
+        // One directory made at a time in this process: another of our threads finding it
+        // made (EEXIST) must not put anything in it before it is checked and given away,
+        // or the check below would take our own child for someone else's swap.
+        static MAKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _making = crate::sync::lock(&MAKING);
         match rustix::fs::mkdirat(&parent, name.as_os_str(), first) {
             Err(e) if e == rustix::io::Errno::EXIST => return Ok(()),
             r => r?,
@@ -650,5 +655,29 @@ mod within_tests {
         };
         let elsewhere = b.lock_key_within(Path::new("a/c/0"), other);
         assert_eq!(elsewhere.unwrap_err().raw_os_error(), Some(libc::ESTALE));
+    }
+
+    /// From the review of `shardfs pack`: threads of one process making nested directories
+    /// at once (shards of one array written in parallel) took each other's new
+    /// subdirectory for someone else's swap ("another directory was put at the name").
+    #[test]
+    fn threads_making_the_same_directories_at_once_all_succeed() {
+        for round in 0..200 {
+            let dir = tempfile::tempdir().unwrap();
+            let b = Backing::new(dir.path().to_path_buf()).unwrap();
+            let start = std::sync::Barrier::new(8);
+            std::thread::scope(|scope| {
+                for t in 0..8 {
+                    let (b, start) = (&b, &start);
+                    scope.spawn(move || {
+                        let rel = format!("c/{}/{}", t % 2, t);
+                        start.wait();
+                        b.create_dir_all(Path::new(&rel))
+                            .unwrap_or_else(|e| panic!("round {round}, {rel}: {e}"));
+                    });
+                }
+            });
+            assert!(dir.path().join("c/1/7").is_dir());
+        }
     }
 }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::backing::Backing;
+use crate::convert::in_place::pack_in_place;
 use crate::convert::{Options, Summary, pack::pack as pack_all};
 use crate::store::Store;
 use crate::store::object::{ObjectBacked, is_object_url};
@@ -18,7 +19,8 @@ pub struct PackArgs {
     /// The data to pack: a directory or an object store URL.
     src: String,
     /// Where the packed data goes (empty or missing): a directory or an object store URL.
-    dst: String,
+    /// Without it, SRC is packed in place (see the README's "Packing in place").
+    dst: Option<String>,
     /// Chunks per shard: one number for every axis, or one per axis (`4,4,2`). Default:
     /// the auto policy (--shard-target-bytes).
     #[arg(long, conflicts_with = "shard_shape")]
@@ -29,9 +31,9 @@ pub struct PackArgs {
     /// The auto policy's target of uncompressed bytes per shard (suffixes K, M, G).
     #[arg(long, default_value = "128M", value_parser = super::parse_size)]
     shard_target_bytes: u64,
-    /// Shards built and written at once. Default: the number of CPUs.
-    #[arg(long)]
-    jobs: Option<usize>,
+    /// Shards built and written at once (1 to 4096). Default: the number of CPUs.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=4096))]
+    jobs: Option<u16>,
     /// Print the plan (each array, its chunks and shards) and write nothing.
     #[arg(long)]
     dry_run: bool,
@@ -41,20 +43,22 @@ pub struct PackArgs {
 }
 
 pub fn pack(args: &PackArgs) -> ExitCode {
-    if let Some(why) = nested(&args.src, &args.dst) {
+    if let Some(why) = args.dst.as_deref().and_then(|dst| nested(&args.src, dst)) {
         say!("shardfs pack: {why}");
         return ExitCode::from(2);
     }
     let stores = open(&args.src, args, false).and_then(|src| {
-        // A dry run's destination need not exist.
-        let missing = !is_object_url(&args.dst) && !Path::new(&args.dst).exists();
-        let dst = match args.dry_run && missing {
-            true => None,
-            false => Some(open(&args.dst, args, !args.dry_run)?),
+        let Some(dst) = &args.dst else {
+            return Ok((src, Target::InPlace));
         };
-        Ok((src, dst))
+        // A dry run's destination need not exist.
+        let missing = !is_object_url(dst) && !Path::new(dst).exists();
+        Ok(match args.dry_run && missing {
+            true => (src, Target::Nowhere),
+            false => (src, Target::Into(open(dst, args, !args.dry_run)?)),
+        })
     });
-    let (src, dst) = match stores {
+    let (src, target) = match stores {
         Ok(s) => s,
         Err(e) => {
             say!("shardfs pack: {e}");
@@ -69,22 +73,32 @@ pub fn pack(args: &PackArgs) -> ExitCode {
             eprint!("\r{done}/{all} shards, {}", mib(bytes));
         }
     };
-    match pack_all(src.as_ref(), dst.as_deref(), &opts, &progress) {
+    let packed = match &target {
+        Target::InPlace => pack_in_place(src.as_ref(), &opts, &progress),
+        Target::Nowhere => pack_all(src.as_ref(), None, &opts, &progress),
+        Target::Into(dst) => pack_all(src.as_ref(), Some(dst.as_ref()), &opts, &progress),
+    };
+    if terminal {
+        eprint!("\r\x1b[K");
+    }
+    match packed {
         Ok(summary) => {
-            if terminal {
-                eprint!("\r\x1b[K");
-            }
             report(&summary, args.dry_run, started.elapsed().as_secs_f64());
             ExitCode::SUCCESS
         }
         Err(e) => {
-            if terminal {
-                eprintln!();
-            }
             say!("shardfs pack: {e}");
             ExitCode::from(1)
         }
     }
+}
+
+/// Where `pack` writes.
+enum Target {
+    Into(Arc<dyn Store>),
+    /// A dry run's destination that does not exist yet.
+    Nowhere,
+    InPlace,
 }
 
 fn options(args: &PackArgs) -> Options {
@@ -96,7 +110,7 @@ fn options(args: &PackArgs) -> Options {
             },
         },
         shard_shape: args.shard_shape.clone(),
-        jobs: args.jobs.unwrap_or_else(|| {
+        jobs: args.jobs.map(usize::from).unwrap_or_else(|| {
             std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
         }),
         dry_run: args.dry_run,
@@ -188,16 +202,25 @@ fn url_prefix(url: &str) -> PathBuf {
     PathBuf::from(url.replacen("://", "/", 1))
 }
 
-/// `path` with every link and `..` resolved, also where its end does not exist yet.
+/// `path` with every link and `..` resolved, also where its end does not exist yet (each
+/// missing part taken as `mkdir -p` would make it).
 fn resolved(path: &Path) -> std::io::Result<PathBuf> {
     let path = std::path::absolute(path)?;
     let mut missing = Vec::new();
     let mut existing = path.as_path();
     while !existing.exists() {
-        missing.push(existing.file_name().unwrap_or_default().to_owned());
+        missing.push(existing.file_name().map(|n| n.to_owned()));
         existing = existing.parent().unwrap_or(Path::new("/"));
     }
     let mut out = std::fs::canonicalize(existing)?;
-    out.extend(missing.iter().rev());
+    for part in missing.into_iter().rev() {
+        match part {
+            Some(name) => out.push(name),
+            None => drop(out.pop()), // `..`
+        }
+        if out.exists() {
+            out = std::fs::canonicalize(&out)?;
+        }
+    }
     Ok(out)
 }

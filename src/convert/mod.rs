@@ -5,8 +5,9 @@
 //!
 //! `plan.rs` (pure): which chunk keys of an unsharded array go into which shard, at which
 //! position, and the sharded metadata. `pack.rs`: walking a hierarchy and writing the
-//! shards, in parallel. Called by the command line (`cli/convert.rs`).
+//! shards, in parallel. `in_place.rs`: packing where the array lies, and its crash rule. Called by the command line (`cli/convert.rs`).
 
+pub mod in_place;
 pub mod pack;
 pub mod plan;
 
@@ -46,14 +47,30 @@ pub enum ConvertError {
         shape: Vec<u64>,
         chunks: Vec<u64>,
     },
+    #[error(
+        "{0}: only plain files and directories can be packed (a link, a special file, or a name that is not UTF-8); move it away first"
+    )]
+    Unlisted(String),
+    #[error(
+        "{0}: named like a chunk of its array but not one (outside its grid, or not a key of its encoding); move it away first"
+    )]
+    NotAChunk(String),
     #[error("{0} is not empty: pack writes into an empty destination")]
     NotEmpty(String),
+    #[error(
+        "{what}: the state of an earlier pack in place cannot be read ({why}); remove it only if that pack never got past writing it"
+    )]
+    State { what: String, why: String },
     #[error("{0}")]
     Panicked(String),
 }
 
 impl ConvertError {
-    fn store(store: &dyn Store, key: &std::path::Path, source: StoreError) -> ConvertError {
+    pub(crate) fn store(
+        store: &dyn Store,
+        key: &std::path::Path,
+        source: StoreError,
+    ) -> ConvertError {
         ConvertError::Store {
             what: store.describe(key),
             source,

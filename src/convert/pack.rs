@@ -37,55 +37,82 @@ pub fn pack(
         let top = dst
             .list(Path::new(""))
             .map_err(|e| ConvertError::store(dst, Path::new(""), e))?;
-        if !(top.dirs.is_empty() && top.objects.is_empty()) {
+        if !(top.dirs.is_empty() && top.objects.is_empty() && top.unlisted.is_empty()) {
             return Err(ConvertError::NotEmpty(dst.describe(Path::new(""))));
         }
     }
-    let packer = Packer {
-        src,
-        dst,
-        opts,
-        progress,
-        summary: Mutex::default(),
-        packed: Mutex::default(),
-        consolidated: Mutex::default(),
+    // Every array planned and every source object looked at before anything is written:
+    // what cannot be packed is refused with DST still empty.
+    let dry = Options {
+        dry_run: true,
+        ..opts.clone()
     };
+    let planned = Packer::new(src, None, &dry, progress, false);
+    planned.walk(Path::new(""))?;
+    if opts.dry_run {
+        return Ok(planned.into_summary());
+    }
+    let packer = Packer::new(src, dst, opts, progress, false);
     packer.walk(Path::new(""))?;
     packer.write_consolidated()?;
-    Ok(packer
-        .summary
-        .into_inner()
-        .unwrap_or_else(|e| e.into_inner()))
+    if let Some(dst) = dst {
+        dst.sync_all()
+            .map_err(|e| ConvertError::store(dst, Path::new(""), e))?;
+    }
+    Ok(packer.into_summary())
 }
 
-struct Packer<'a> {
-    src: &'a dyn Store,
+/// Packing's steps, shared by `pack` into a destination and `in_place.rs`.
+pub(super) struct Packer<'a> {
+    pub(super) src: &'a dyn Store,
     dst: Option<&'a dyn Store>,
-    opts: &'a Options,
+    pub(super) opts: &'a Options,
     progress: Progress<'a>,
-    summary: Mutex<Summary>,
+    /// Every write durable when it returns (in place: see `in_place.rs`).
+    durable: bool,
+    pub(super) summary: Mutex<Summary>,
     /// Arrays packed: directory → sharded metadata.
-    packed: Mutex<std::collections::BTreeMap<PathBuf, ArrayMetadata>>,
+    pub(super) packed: Mutex<std::collections::BTreeMap<PathBuf, ArrayMetadata>>,
     /// Groups with consolidated metadata, written last (`write_consolidated`).
-    consolidated: Mutex<Vec<(PathBuf, GroupMetadata)>>,
+    pub(super) consolidated: Mutex<Vec<(PathBuf, GroupMetadata)>>,
 }
 
 /// The objects below an array's directory: its chunks by key, and everything else.
 #[derive(Default)]
-struct ArrayFiles {
+pub(super) struct ArrayFiles {
     /// Key → coordinates.
-    chunks: std::collections::BTreeMap<String, Vec<u64>>,
-    others: Vec<PathBuf>,
+    pub(super) chunks: std::collections::BTreeMap<String, Vec<u64>>,
+    pub(super) others: Vec<PathBuf>,
 }
 
-impl Packer<'_> {
+impl<'a> Packer<'a> {
+    pub(super) fn new(
+        src: &'a dyn Store,
+        dst: Option<&'a dyn Store>,
+        opts: &'a Options,
+        progress: Progress<'a>,
+        durable: bool,
+    ) -> Packer<'a> {
+        Packer {
+            src,
+            dst,
+            opts,
+            progress,
+            durable,
+            summary: Mutex::default(),
+            packed: Mutex::default(),
+            consolidated: Mutex::default(),
+        }
+    }
+
+    pub(super) fn into_summary(self) -> Summary {
+        self.summary.into_inner().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn walk(&self, dir: &Path) -> Result<(), ConvertError> {
-        let listing = self
-            .src
-            .list(dir)
-            .map_err(|e| ConvertError::store(self.src, dir, e))?;
-        let mut copy_document = true;
-        if listing.objects.iter().any(|o| o == METADATA_FILE) {
+        let listing = self.list(dir)?;
+        let mut copy_document = listing.objects.iter().any(|o| o == METADATA_FILE);
+        if copy_document {
             match self.node(dir)? {
                 Node::Array(meta) if self.unsharded(dir, &meta)? => {
                     return self.pack_array(dir, &meta);
@@ -97,19 +124,33 @@ impl Packer<'_> {
                 _ => {}
             }
         }
-        for name in &listing.objects {
-            if copy_document || name != METADATA_FILE {
-                self.copy(&dir.join(name))?;
-            }
+        for name in listing.objects.iter().filter(|o| *o != METADATA_FILE) {
+            self.copy(&dir.join(name))?;
         }
         for name in &listing.dirs {
             self.walk(&dir.join(name))?;
         }
+        // Last: a node in DST with its document has everything below it.
+        if copy_document {
+            self.copy(&dir.join(METADATA_FILE))?;
+        }
         Ok(())
     }
 
+    /// What lies directly in `dir`; anything that cannot be packed is refused.
+    pub(super) fn list(&self, dir: &Path) -> Result<crate::store::Listing, ConvertError> {
+        let listing = self
+            .src
+            .list(dir)
+            .map_err(|e| ConvertError::store(self.src, dir, e))?;
+        match listing.unlisted.first() {
+            Some(what) => Err(ConvertError::Unlisted(what.clone())),
+            None => Ok(listing),
+        }
+    }
+
     /// The node whose document is in `dir`.
-    fn node(&self, dir: &Path) -> Result<Node, ConvertError> {
+    pub(super) fn node(&self, dir: &Path) -> Result<Node, ConvertError> {
         let key = dir.join(METADATA_FILE);
         let bytes = self.get(self.src, &key)?.unwrap_or_default();
         Node::parse(&bytes).map_err(|source| ConvertError::Metadata {
@@ -119,7 +160,7 @@ impl Packer<'_> {
     }
 
     /// Whether the array at `dir` is unsharded (one that cannot be read is refused).
-    fn unsharded(&self, dir: &Path, meta: &ArrayMetadata) -> Result<bool, ConvertError> {
+    pub(super) fn unsharded(&self, dir: &Path, meta: &ArrayMetadata) -> Result<bool, ConvertError> {
         let sharded = ShardLayout::of(meta).map_err(|source| ConvertError::Layout {
             what: self.src.describe(&dir.join(METADATA_FILE)),
             source,
@@ -130,7 +171,7 @@ impl Packer<'_> {
     /// Writes the documents of groups with consolidated metadata, last (once every array
     /// below is in place), each packed array's entry replaced by its sharded metadata: a
     /// reader that trusts the consolidated metadata must not take shards for chunks.
-    fn write_consolidated(&self) -> Result<(), ConvertError> {
+    pub(super) fn write_consolidated(&self) -> Result<(), ConvertError> {
         let packed = lock(&self.packed);
         for (dir, group) in lock(&self.consolidated).iter().rev() {
             let (translated, _) = translate_consolidated(group, |path, _| {
@@ -174,7 +215,7 @@ impl Packer<'_> {
         Ok(())
     }
 
-    fn plan(&self, dir: &Path, meta: &ArrayMetadata) -> Result<PackPlan, ConvertError> {
+    pub(super) fn plan(&self, dir: &Path, meta: &ArrayMetadata) -> Result<PackPlan, ConvertError> {
         let what = || self.src.describe(&dir.join(METADATA_FILE));
         let chunk_shape = regular_chunk_shape(meta).map_err(|source| ConvertError::Layout {
             what: what(),
@@ -204,7 +245,11 @@ impl Packer<'_> {
     }
 
     /// Every object below the array's directory, sorted into chunks and others.
-    fn array_files(&self, dir: &Path, meta: &ArrayMetadata) -> Result<ArrayFiles, ConvertError> {
+    pub(super) fn array_files(
+        &self,
+        dir: &Path,
+        meta: &ArrayMetadata,
+    ) -> Result<ArrayFiles, ConvertError> {
         let encoding = ChunkKeyEncoding::from_metadata(&meta.chunk_key_encoding).map_err(|e| {
             ConvertError::Layout {
                 what: self.src.describe(&dir.join(METADATA_FILE)),
@@ -221,10 +266,7 @@ impl Packer<'_> {
         let mut stack = vec![PathBuf::new()];
         while let Some(rel) = stack.pop() {
             let here = dir.join(&rel);
-            let listing = self
-                .src
-                .list(&here)
-                .map_err(|e| ConvertError::store(self.src, &here, e))?;
+            let listing = self.list(&here)?;
             stack.extend(listing.dirs.iter().map(|d| rel.join(d)));
             for name in listing.objects {
                 let key = rel.join(&name);
@@ -236,6 +278,9 @@ impl Packer<'_> {
                 match chunk {
                     Some(coords) => drop(files.chunks.insert(text, coords)),
                     None if key == Path::new(METADATA_FILE) => {}
+                    None if looks_like_a_key(encoding, &text) => {
+                        return Err(ConvertError::NotAChunk(self.src.describe(&dir.join(key))));
+                    }
                     None => files.others.push(dir.join(key)),
                 }
             }
@@ -244,7 +289,7 @@ impl Packer<'_> {
     }
 
     /// Builds and writes `shards`, `opts.jobs` at once.
-    fn write_shards(
+    pub(super) fn write_shards(
         &self,
         dir: &Path,
         plan: &PackPlan,
@@ -269,7 +314,7 @@ impl Packer<'_> {
             }
         };
         let result = std::thread::scope(|scope| {
-            let workers: Vec<_> = (0..self.opts.jobs.max(1))
+            let workers: Vec<_> = (0..self.opts.jobs.clamp(1, shards.len().max(1)))
                 .map(|_| scope.spawn(work))
                 .collect();
             workers.into_iter().map(|w| w.join()).collect::<Vec<_>>()
@@ -320,20 +365,22 @@ impl Packer<'_> {
         Ok(())
     }
 
-    fn get(&self, store: &dyn Store, key: &Path) -> Result<Option<Bytes>, ConvertError> {
+    pub(super) fn get(&self, store: &dyn Store, key: &Path) -> Result<Option<Bytes>, ConvertError> {
         store
             .get(key, MAX_FILE_BYTES)
             .map(|o| o.map(|(b, _)| b))
             .map_err(|e| ConvertError::store(store, key, e))
     }
 
-    fn put(&self, key: &Path, parts: &[Bytes]) -> Result<(), ConvertError> {
+    pub(super) fn put(&self, key: &Path, parts: &[Bytes]) -> Result<(), ConvertError> {
         let Some(dst) = self.dst.filter(|_| !self.opts.dry_run) else {
             return Ok(()); // a dry run writes nothing
         };
-        dst.put(key, parts, Precondition::None)
-            .map(drop)
-            .map_err(|e| ConvertError::store(dst, key, e))
+        let put = match self.durable {
+            true => dst.put_durably(key, parts),
+            false => dst.put(key, parts, Precondition::None),
+        };
+        put.map(drop).map_err(|e| ConvertError::store(dst, key, e))
     }
 }
 
@@ -349,4 +396,16 @@ fn chunks_per_shard_of(shape: &[u64], chunks: &[u64]) -> Option<Vec<u64>> {
                 .collect()
         })
         .flatten()
+}
+
+/// Whether `key` (below an array's directory) lies where its chunks and shards are named:
+/// there, anything but a chunk of the array would be taken for a shard, or collide with one.
+fn looks_like_a_key(encoding: ChunkKeyEncoding, key: &str) -> bool {
+    let first = key.split('/').next().unwrap_or("");
+    match encoding {
+        ChunkKeyEncoding::Default(sep) => {
+            first == "c" || first.starts_with(&format!("c{}", sep.as_char()))
+        }
+        ChunkKeyEncoding::V2(_) => first.starts_with(|c: char| c.is_ascii_digit()),
+    }
 }

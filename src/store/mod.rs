@@ -89,6 +89,9 @@ pub trait Blob: ReadAt + Send + Sync + Debug {
 pub struct Listing {
     pub dirs: Vec<String>,
     pub objects: Vec<String>,
+    /// What a directory holds that is neither (a link, a special file, a name that is not
+    /// UTF-8), named as the store would describe it; lock files are not listed at all.
+    pub unlisted: Vec<String>,
 }
 
 /// Keys are paths relative to the store's root, `/`-separated; an object store takes only
@@ -108,6 +111,25 @@ pub trait Store: Send + Sync + Debug {
         parts: &[Bytes],
         when: Precondition,
     ) -> Result<ObjectInfo, StoreError>;
+    /// `put` of whatever is there, durable when it returns: a file's content and name
+    /// synced; an object store's write is durable once acknowledged. For steps that must
+    /// never be undone by a crash (a conversion in place).
+    fn put_durably(&self, key: &Path, parts: &[Bytes]) -> Result<ObjectInfo, StoreError> {
+        self.put(key, parts, Precondition::None)
+    }
+
+    /// Makes everything written so far durable (a directory: its file system synced; an
+    /// object store's writes are durable once acknowledged).
+    fn sync_all(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// Removes what writers killed mid-write left below `dir` (a directory's stale key
+    /// locks: see `backing::lock`). Only while nobody else writes there.
+    fn clear_leftovers(&self, _dir: &Path) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     /// Removes `key` if `when` holds. `Ok(false)`: it was not there.
     fn delete(&self, key: &Path, when: Precondition) -> Result<bool, StoreError>;
     /// `put` of a key below the directory `within` (its array), which a store of

@@ -67,6 +67,34 @@ impl Store for Backing {
         Ok(info_of(&meta, generation))
     }
 
+    fn put_durably(&self, key: &Path, parts: &[Bytes]) -> Result<ObjectInfo, StoreError> {
+        let (lock, _) = locked_if(self, Within::path(Path::new("")), key, &Precondition::None)?;
+        let (meta, generation) = lock.replace(parts, Durability::Now)?;
+        Ok(info_of(&meta, generation))
+    }
+
+    fn sync_all(&self) -> Result<(), StoreError> {
+        let root = File::open(self.root())?;
+        rustix::fs::syncfs(&root).map_err(|e| StoreError::Io(e.into()))
+    }
+
+    fn clear_leftovers(&self, dir: &Path) -> Result<(), StoreError> {
+        let mut stack = vec![dir.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for entry in Backing::list(self, &d)? {
+                let name = entry.name.to_string_lossy();
+                if entry.kind.is_dir() {
+                    stack.push(d.join(&entry.name));
+                } else if let Some(key) = name.strip_suffix(LOCK_SUFFIX) {
+                    // Taken and let go unused: the lock file goes (`KeyLock`'s drop), its
+                    // key stays as it is.
+                    drop(self.lock_key_within(&d.join(key), Within::path(Path::new("")))?);
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn delete(&self, key: &Path, when: Precondition) -> Result<bool, StoreError> {
         self.delete_within(Within::path(Path::new("")), key, when)
     }
@@ -88,12 +116,17 @@ impl Store for Backing {
         let mut listing = Listing::default();
         for entry in Backing::list(self, dir)? {
             let Some(name) = entry.name.to_str() else {
-                continue; // not a key an object store could hold
+                // Not a key an object store could hold.
+                let shown = self.describe(&dir.join(&entry.name));
+                listing.unlisted.push(shown);
+                continue;
             };
             if entry.kind.is_dir() {
                 listing.dirs.push(name.to_string());
             } else if entry.kind == EntryKind::File && !name.ends_with(LOCK_SUFFIX) {
                 listing.objects.push(name.to_string());
+            } else if entry.kind != EntryKind::File {
+                listing.unlisted.push(self.describe(&dir.join(name)));
             }
         }
         listing.dirs.sort();

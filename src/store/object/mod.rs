@@ -693,6 +693,7 @@ impl Store for ObjectBacked {
                 .iter()
                 .filter_map(|m| name(&m.location))
                 .collect(),
+            unlisted: Vec::new(),
         };
         listing.dirs.sort();
         listing.objects.sort();

@@ -1,0 +1,335 @@
+//! `pack` in place: an array is sharded where it lies, and at every moment it reads
+//! correctly in its old layout or its new one; a run killed anywhere (or stopped by a full
+//! disk) is finished by running the command again, and nothing is lost.
+//!
+//! **The rule.** With the default key encoding a shard and a chunk share a key (`c/0/0`),
+//! so shards cannot be written where the chunks are while the chunks are still needed.
+//! Instead the shards are first written under keys of the *other* key-encoding family
+//! (`0.0` for an array of `c/0/0` chunks, `c/0/0` for an array of `0.0` chunks; the two
+//! families never share a key), and every step is durable before the next begins:
+//! 1. **stage**: a state file (`.shardfs-pack.json`: the original document and the chunks
+//!    per shard) is written, then every shard under the other family's keys; the array
+//!    still reads its chunks.
+//! 2. **flip**: `zarr.json` is replaced (atomically) by the sharded metadata naming the
+//!    other family: the array now reads the staged shards.
+//! 3. **swap**: the old chunk files are removed, each shard is copied to its key in the
+//!    array's own family, and `zarr.json` is replaced by the sharded metadata in the
+//!    array's own family: the array reads those.
+//! 4. **clean**: the staged shards and the state file are removed.
+//!
+//! A group's consolidated metadata names its arrays' documents, which change meanwhile: it
+//! is set aside first (kept in the group's state file, `consolidated_metadata: null` in
+//! its document, so readers read each array's own document) and put back last, each entry
+//! as its node's document then is.
+//!
+//! Where a rerun starts is read from `zarr.json` and the state file alone: unsharded with
+//! a state file (or without: a fresh start) is 1, sharded in the other family is 3, sharded
+//! in its own family with a state file is 4. Each step may be repeated whole. A rerun
+//! keeps the chunks per shard the state file names.
+
+use std::path::Path;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use super::pack::{Packer, Progress};
+use super::plan::{PackPlan, plan_pack};
+use super::{ConvertError, Options, PackedArray, Summary};
+use crate::store::{Precondition, Store};
+use crate::sync::lock;
+use crate::zarr::{
+    ArrayMetadata, ChunkKeyEncoding, GroupMetadata, METADATA_FILE, NamedConfig, Node,
+};
+
+/// The state file of an array being packed in place.
+pub const STATE_FILE: &str = ".shardfs-pack.json";
+
+/// What a state file says: an array being packed, or a group whose consolidated metadata
+/// is set aside until every array below is packed.
+#[derive(Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+enum State {
+    Array {
+        /// The array's unsharded document, as it was.
+        original: serde_json::Value,
+        chunks_per_shard: Vec<u64>,
+    },
+    Group {
+        /// The group's document, consolidated metadata and all, as it was.
+        original: serde_json::Value,
+    },
+}
+
+/// Packs every unsharded array below the top of `store` where it lies, and finishes any
+/// earlier run that was stopped.
+pub fn pack_in_place(
+    store: &dyn Store,
+    opts: &Options,
+    progress: Progress,
+) -> Result<Summary, ConvertError> {
+    // Everything planned and looked at before anything changes (as `pack` does).
+    let dry = Options {
+        dry_run: true,
+        ..opts.clone()
+    };
+    let planned = Packer::new(store, Some(store), &dry, progress, true);
+    walk(&planned, Path::new(""))?;
+    if opts.dry_run {
+        return Ok(planned.into_summary());
+    }
+    let packer = Packer::new(store, Some(store), opts, progress, true);
+    walk(&packer, Path::new(""))?;
+    consolidate_again(&packer)?;
+    Ok(packer.into_summary())
+}
+
+fn walk(p: &Packer, dir: &Path) -> Result<(), ConvertError> {
+    let listing = p.list(dir)?;
+    if listing.objects.iter().any(|o| o == METADATA_FILE) {
+        match p.node(dir)? {
+            Node::Array(meta) => return array(p, dir, &meta),
+            Node::Group(group) => set_aside_consolidated(p, dir, group)?,
+        }
+    }
+    for name in &listing.dirs {
+        walk(p, &dir.join(name))?;
+    }
+    Ok(())
+}
+
+/// The two plans of an array: in its own key family and in the other one.
+struct Plans {
+    original: ArrayMetadata,
+    target: PackPlan,
+    staging: PackPlan,
+}
+
+fn array(p: &Packer, dir: &Path, current: &ArrayMetadata) -> Result<(), ConvertError> {
+    let Some(plans) = plans(p, dir, current)? else {
+        return Ok(()); // sharded, and no run of ours to finish
+    };
+    let staged_family = current.chunk_key_encoding == plans.staging.sharded.chunk_key_encoding;
+    let own_sharded = current.chunk_key_encoding == plans.target.sharded.chunk_key_encoding
+        && p.unsharded(dir, current).map(|u| !u)?;
+    if p.opts.dry_run {
+        let files = p.array_files(dir, &plans.original)?;
+        let shards = plans
+            .staging
+            .shards_of(files.chunks.iter().map(|(k, c)| (c.clone(), k.clone())));
+        note(p, dir, &plans, files.chunks.len(), shards.len());
+        return Ok(());
+    }
+    if !staged_family && !own_sharded {
+        stage(p, dir, &plans)?;
+        put_document(p, dir, &Node::Array(plans.staging.sharded.clone()))?;
+    }
+    if !own_sharded {
+        swap(p, dir, &plans)?;
+        put_document(p, dir, &Node::Array(plans.target.sharded.clone()))?;
+    }
+    clean(p, dir, &plans)?;
+    lock(&p.packed).insert(dir.to_path_buf(), plans.target.sharded);
+    Ok(())
+}
+
+/// The plans from the state file, or (an unsharded array, no state file) new ones, with
+/// the state file written first. `None`: nothing to do here.
+fn plans(p: &Packer, dir: &Path, current: &ArrayMetadata) -> Result<Option<Plans>, ConvertError> {
+    let key = dir.join(STATE_FILE);
+    let (original, cps) = match p.get(p.src, &key)? {
+        Some(bytes) => match read_state(p, &key, &bytes)? {
+            State::Array {
+                original,
+                chunks_per_shard,
+            } => (array_of(p, &key, original)?, chunks_per_shard),
+            State::Group { .. } => return Err(bad_state(p, &key, "it names a group")),
+        },
+        None if p.unsharded(dir, current)? => {
+            let cps = p
+                .plan(dir, current)?
+                .index_format()
+                .chunks_per_shard
+                .clone();
+            if !p.opts.dry_run {
+                let state = State::Array {
+                    original: Node::Array(current.clone()).to_value(),
+                    chunks_per_shard: cps.clone(),
+                };
+                put_state(p, &key, &state)?;
+            }
+            (current.clone(), cps)
+        }
+        None => return Ok(None),
+    };
+    let layout = |meta: &ArrayMetadata| {
+        plan_pack(meta, &cps).map_err(|source| ConvertError::Layout {
+            what: p.src.describe(&dir.join(METADATA_FILE)),
+            source,
+        })
+    };
+    let target = layout(&original)?;
+    let staging = layout(&in_other_family(&original))?;
+    Ok(Some(Plans {
+        original,
+        target,
+        staging,
+    }))
+}
+
+fn read_state(p: &Packer, key: &Path, bytes: &[u8]) -> Result<State, ConvertError> {
+    serde_json::from_slice(bytes).map_err(|e| bad_state(p, key, &e.to_string()))
+}
+
+fn put_state(p: &Packer, key: &Path, state: &State) -> Result<(), ConvertError> {
+    let bytes = serde_json::to_vec_pretty(state).unwrap_or_default();
+    p.put(key, &[Bytes::from(bytes)])
+}
+
+fn bad_state(p: &Packer, key: &Path, why: &str) -> ConvertError {
+    ConvertError::State {
+        what: p.src.describe(key),
+        why: why.to_string(),
+    }
+}
+
+fn array_of(p: &Packer, key: &Path, doc: serde_json::Value) -> Result<ArrayMetadata, ConvertError> {
+    match Node::from_value(doc) {
+        Ok(Node::Array(meta)) => Ok(meta),
+        Ok(Node::Group(_)) => Err(bad_state(p, key, "it names a group")),
+        Err(e) => Err(bad_state(p, key, &e.to_string())),
+    }
+}
+
+/// A group's consolidated metadata would name the arrays below as they were while they
+/// change: before any of them does, it is set aside (kept in the group's state file, the
+/// group's document without it), so that readers read each array's own document. Finds
+/// the groups an earlier run set aside too.
+fn set_aside_consolidated(
+    p: &Packer,
+    dir: &Path,
+    group: GroupMetadata,
+) -> Result<(), ConvertError> {
+    let key = dir.join(STATE_FILE);
+    let original = match p.get(p.src, &key)? {
+        Some(bytes) => match read_state(p, &key, &bytes)? {
+            State::Group { original } => match Node::from_value(original) {
+                Ok(Node::Group(g)) => g,
+                _ => return Err(bad_state(p, &key, "not a group's document")),
+            },
+            State::Array { .. } => return Err(bad_state(p, &key, "it names an array")),
+        },
+        None if group.consolidated_entries().is_some() => group,
+        None => return Ok(()),
+    };
+    if !p.opts.dry_run {
+        let state = State::Group {
+            original: Node::Group(original.clone()).to_value(),
+        };
+        put_state(p, &key, &state)?;
+        let mut bare = original.clone();
+        bare.extra
+            .insert("consolidated_metadata".into(), serde_json::Value::Null);
+        put_document(p, dir, &Node::Group(bare))?;
+    }
+    lock(&p.consolidated).push((dir.to_path_buf(), original));
+    Ok(())
+}
+
+/// Puts back every consolidated metadata set aside, deepest group first, each entry as
+/// its node's document now is; then the group's state file goes.
+fn consolidate_again(p: &Packer) -> Result<(), ConvertError> {
+    let groups = std::mem::take(&mut *lock(&p.consolidated));
+    for (dir, mut group) in groups.into_iter().rev() {
+        if let Some(entries) = group.consolidated_entries_mut() {
+            for (path, entry) in entries.iter_mut() {
+                let key = dir.join(path).join(METADATA_FILE);
+                let now = p.get(p.src, &key)?;
+                if let Some(Ok(node)) = now.map(|b| Node::parse(&b)) {
+                    *entry = node.to_value();
+                }
+            }
+        }
+        put_document(p, &dir, &Node::Group(group))?;
+        lock(&p.summary).copied += 1;
+        delete(p, &dir.join(STATE_FILE))?;
+    }
+    Ok(())
+}
+
+/// `meta` with its chunks named in the other key-encoding family.
+fn in_other_family(meta: &ArrayMetadata) -> ArrayMetadata {
+    let other = match ChunkKeyEncoding::from_metadata(&meta.chunk_key_encoding) {
+        Ok(ChunkKeyEncoding::V2(_)) => ("default", "/"),
+        _ => ("v2", "."),
+    };
+    let config = serde_json::json!({ "separator": other.1 });
+    let mut out = meta.clone();
+    out.chunk_key_encoding = NamedConfig::new(other.0, Some(config));
+    out
+}
+
+/// Step 1: every shard under the other family's keys, durably.
+fn stage(p: &Packer, dir: &Path, plans: &Plans) -> Result<(), ConvertError> {
+    let files = p.array_files(dir, &plans.original)?;
+    let shards = plans
+        .staging
+        .shards_of(files.chunks.iter().map(|(k, c)| (c.clone(), k.clone())));
+    note(p, dir, plans, files.chunks.len(), shards.len());
+    p.write_shards(dir, &plans.staging, &shards)
+}
+
+/// Counts an array packed in the summary.
+fn note(p: &Packer, dir: &Path, plans: &Plans, chunks: usize, shards: usize) {
+    let mut s = lock(&p.summary);
+    s.arrays.push(PackedArray {
+        dir: dir.to_path_buf(),
+        chunks: chunks as u64,
+        shards: shards as u64,
+        chunks_per_shard: plans.target.index_format().chunks_per_shard.clone(),
+    });
+    s.shards += shards as u64;
+    s.chunks += chunks as u64;
+}
+
+/// Step 3: the chunk files go, and each staged shard is copied to its own key.
+fn swap(p: &Packer, dir: &Path, plans: &Plans) -> Result<(), ConvertError> {
+    for key in p.array_files(dir, &plans.original)?.chunks.keys() {
+        delete(p, &dir.join(key))?;
+    }
+    let keys =
+        ChunkKeyEncoding::from_metadata(&plans.target.sharded.chunk_key_encoding).map_err(|e| {
+            ConvertError::State {
+                what: p.src.describe(&dir.join(METADATA_FILE)),
+                why: e.to_string(),
+            }
+        })?;
+    for (staged, shard) in p.array_files(dir, &plans.staging.sharded)?.chunks {
+        if let Some(bytes) = p.get(p.src, &dir.join(&staged))? {
+            p.put(&dir.join(keys.encode(&shard)), &[bytes])?;
+        }
+    }
+    Ok(())
+}
+
+/// Step 4: the staged shards and the state file go.
+fn clean(p: &Packer, dir: &Path, plans: &Plans) -> Result<(), ConvertError> {
+    for staged in p.array_files(dir, &plans.staging.sharded)?.chunks.keys() {
+        delete(p, &dir.join(staged))?;
+    }
+    p.src
+        .clear_leftovers(dir)
+        .map_err(|e| ConvertError::store(p.src, dir, e))?;
+    delete(p, &dir.join(STATE_FILE))
+}
+
+fn put_document(p: &Packer, dir: &Path, node: &Node) -> Result<(), ConvertError> {
+    let doc = node.to_json_bytes();
+    p.put(&dir.join(METADATA_FILE), &[Bytes::from(doc)])
+}
+
+fn delete(p: &Packer, key: &Path) -> Result<(), ConvertError> {
+    p.src
+        .delete(key, Precondition::None)
+        .map(drop)
+        .map_err(|e| ConvertError::store(p.src, key, e))
+}

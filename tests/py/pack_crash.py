@@ -1,0 +1,89 @@
+"""Random SIGKILLs of `shardfs pack SRC` (in place): after each kill every array must read
+equal to its pristine copy, and running the command again must finish the pack.
+
+    pack_crash.py SHARDFS PRISTINE WORK TRIALS SEED
+
+PRISTINE holds arrays written by pack_cases.py. Prints a JSON report: trials, kills, and
+the kills that fell in each state (unsharded / staged / sharded with a state file left)."""
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import zarr
+
+from pack_cases import arrays, compare
+
+
+def state_of(root):
+    """Which of the in-place steps the arrays of `root` are in."""
+    states = set()
+    for name in arrays(root):
+        with open(os.path.join(root, name, "zarr.json")) as f:
+            meta = json.load(f)
+        leftover = os.path.exists(os.path.join(root, name, ".shardfs-pack.json"))
+        if meta["codecs"][0]["name"] != "sharding_indexed":
+            states.add("unsharded" + (" (staging)" if leftover else ""))
+        elif leftover:
+            states.add("sharded (finishing)")
+    return sorted(states) or ["done"]
+
+
+def reads_equal(pristine, root, names):
+    for name in names:
+        a = zarr.open_array(os.path.join(pristine, name), mode="r")[...]
+        b = zarr.open_array(os.path.join(root, name), mode="r")[...]
+        assert a.dtype == b.dtype and np.array_equal(a, b), f"{name} differs after a kill"
+
+
+def pack(shardfs, root):
+    return subprocess.Popen([shardfs, "pack", root, "--chunks-per-shard", "2", "--jobs", "2"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def main(shardfs, pristine, work, trials, seed):
+    rng = random.Random(int(seed))
+    names = arrays(pristine)
+    # How long an uninterrupted pack takes here: kills fall anywhere inside it.
+    root = os.path.join(work, "timing")
+    shutil.copytree(pristine, root)
+    start = time.monotonic()
+    assert pack(shardfs, root).wait() == 0
+    span = (time.monotonic() - start) * 1.2
+    shutil.rmtree(root)
+    kills, seen = 0, {}
+    for trial in range(int(trials)):
+        root = os.path.join(work, f"t{trial}")
+        shutil.copytree(pristine, root)
+        while True:
+            p = pack(shardfs, root)
+            try:
+                p.wait(timeout=rng.uniform(0, span))
+            except subprocess.TimeoutExpired:
+                p.send_signal(signal.SIGKILL)
+                p.wait()
+                kills += 1
+                for s in state_of(root):
+                    seen[s] = seen.get(s, 0) + 1
+                reads_equal(pristine, root, names)
+                continue
+            assert p.returncode == 0, p.stderr.read().decode()
+            break
+        reads_equal(pristine, root, names)
+        leftovers = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs
+                     if f == ".shardfs-pack.json" or f.endswith(".__lock")]
+        assert not leftovers, leftovers
+        if trial % 10 == 0:
+            compare(pristine, root)  # both clients, once in a while
+        shutil.rmtree(root)
+    print(json.dumps({"trials": int(trials), "kills": kills, "kills_by_state": seen,
+                      "span_s": span}))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
