@@ -244,6 +244,22 @@ fn what_cannot_be_done_is_refused_before_anything_is_written() {
         pristine_two.len(),
         "in place, nothing changed"
     );
+    // In place, a file where a shard is staged for a while (the other key family's name).
+    std::fs::write(two.join("0.0"), b"mine").unwrap();
+    let out = shardfs(&["pack", s(&two)]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("0.0: a pack in place writes a shard there"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(std::fs::read(two.join("0.0")).unwrap(), b"mine");
+    std::fs::remove_file(two.join("0.0")).unwrap();
+    // A pack in place that was stopped is finished before its arrays are packed elsewhere.
+    std::fs::write(two.join(".shardfs-pack.json"), b"{}").unwrap();
+    let out = shardfs(&["pack", s(&two), s(&dir.path().join("d5"))]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("finish it first"), "{}", stderr(&out));
     // No source: a usage error.
     let out = shardfs(&[
         "pack",

@@ -150,6 +150,11 @@ fn plans(p: &Packer, dir: &Path, current: &ArrayMetadata) -> Result<Option<Plans
                 .index_format()
                 .chunks_per_shard
                 .clone();
+            // A file already named like a staged shard would be overwritten, then removed.
+            let staged = layout_of(p, dir, &in_other_family(current), &cps)?;
+            if let Some(key) = p.array_files(dir, &staged.sharded)?.chunks.keys().next() {
+                return Err(ConvertError::InTheWay(p.src.describe(&dir.join(key))));
+            }
             if !p.opts.dry_run {
                 let state = State::Array {
                     original: Node::Array(current.clone()).to_value(),
@@ -161,19 +166,25 @@ fn plans(p: &Packer, dir: &Path, current: &ArrayMetadata) -> Result<Option<Plans
         }
         None => return Ok(None),
     };
-    let layout = |meta: &ArrayMetadata| {
-        plan_pack(meta, &cps).map_err(|source| ConvertError::Layout {
-            what: p.src.describe(&dir.join(METADATA_FILE)),
-            source,
-        })
-    };
-    let target = layout(&original)?;
-    let staging = layout(&in_other_family(&original))?;
+    let target = layout_of(p, dir, &original, &cps)?;
+    let staging = layout_of(p, dir, &in_other_family(&original), &cps)?;
     Ok(Some(Plans {
         original,
         target,
         staging,
     }))
+}
+
+fn layout_of(
+    p: &Packer,
+    dir: &Path,
+    meta: &ArrayMetadata,
+    cps: &[u64],
+) -> Result<PackPlan, ConvertError> {
+    plan_pack(meta, cps).map_err(|source| ConvertError::Layout {
+        what: p.src.describe(&dir.join(METADATA_FILE)),
+        source,
+    })
 }
 
 fn read_state(p: &Packer, key: &Path, bytes: &[u8]) -> Result<State, ConvertError> {

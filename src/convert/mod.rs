@@ -55,6 +55,14 @@ pub enum ConvertError {
         "{0}: named like a chunk of its array but not one (outside its grid, or not a key of its encoding); move it away first"
     )]
     NotAChunk(String),
+    #[error(
+        "{0}: a pack in place writes a shard there for a while (see the README's in-place rule); move it away first"
+    )]
+    InTheWay(String),
+    #[error(
+        "{0}: a pack in place of it was stopped; finish it first (run `shardfs pack` on it again)"
+    )]
+    Unfinished(String),
     #[error("{0} is not empty: pack writes into an empty destination")]
     NotEmpty(String),
     #[error(

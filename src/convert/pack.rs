@@ -111,6 +111,13 @@ impl<'a> Packer<'a> {
 
     fn walk(&self, dir: &Path) -> Result<(), ConvertError> {
         let listing = self.list(dir)?;
+        if listing
+            .objects
+            .iter()
+            .any(|o| o == super::in_place::STATE_FILE)
+        {
+            return Err(ConvertError::Unfinished(self.src.describe(dir)));
+        }
         let mut copy_document = listing.objects.iter().any(|o| o == METADATA_FILE);
         if copy_document {
             match self.node(dir)? {
