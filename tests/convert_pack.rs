@@ -213,6 +213,12 @@ fn what_cannot_be_done_is_refused_before_anything_is_written() {
     // written, into DST or in place.
     let two = src.join("zp/two");
     let pristine_two = contents(&two);
+    // (Without the top group's consolidated metadata, `two` may be packed in place alone.)
+    let top = src.join("zarr.json");
+    let mut group: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&top).unwrap()).unwrap();
+    group["consolidated_metadata"] = serde_json::Value::Null;
+    std::fs::write(&top, group.to_string()).unwrap();
     for (what, make) in [
         (
             "a link",
@@ -453,4 +459,62 @@ fn a_pack_in_place_on_a_full_disk_fails_clearly_loses_nothing_and_finishes_later
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     cases(&["compare", s(&src), s(&root)]);
     assert!(leftovers(&root).is_empty(), "{:?}", leftovers(&root));
+}
+
+#[test]
+fn a_pack_in_place_refuses_what_it_cannot_resume_safely_and_two_runs_do_not_collide() {
+    let (dir, src) = source();
+    let pristine = dir.path().join("pristine");
+    common::copy_tree(&src, &pristine);
+    // Part of a hierarchy whose top group consolidates it: the consolidated metadata
+    // would go stale, so the whole is to be packed.
+    let out = shardfs(&["pack", s(&src.join("zp"))]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("has consolidated metadata"),
+        "{}",
+        stderr(&out)
+    );
+    // A state file that does not match the array's document (changed after the stop):
+    // refused, nothing changed.
+    let two = src.join("zp/two");
+    let doc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(two.join("zarr.json")).unwrap()).unwrap();
+    let before = contents(&src);
+    for (flipped, mut original) in [(false, doc.clone()), (true, doc.clone())] {
+        if !flipped {
+            original["attributes"] = serde_json::json!({"changed": "since"});
+        }
+        let state = serde_json::json!({"kind": "array", "original": original,
+            "chunks_per_shard": [2, 2], "flipped": flipped});
+        std::fs::write(two.join(".shardfs-pack.json"), state.to_string()).unwrap();
+        let out = shardfs(&["pack", s(&src)]);
+        assert_eq!(out.status.code(), Some(1), "flipped {flipped}");
+        assert!(
+            stderr(&out).contains("zp/two/zarr.json: changed while a pack in place"),
+            "{}",
+            stderr(&out)
+        );
+        std::fs::remove_file(two.join(".shardfs-pack.json")).unwrap();
+        assert_eq!(contents(&src), before, "flipped {flipped}: nothing changed");
+    }
+    // Two runs at once: one waits for the other, array by array.
+    for delay in [0, 20, 60] {
+        let work = dir.path().join(format!("both{delay}"));
+        common::copy_tree(&pristine, &work);
+        let args = ["pack", s(&work), "--chunks-per-shard", "2", "--jobs", "1"];
+        let first = std::process::Command::new(common::shardfs_bin())
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(delay));
+        let other = shardfs(&args);
+        let first = first.wait_with_output().unwrap();
+        assert_eq!(first.status.code(), Some(0), "{}", stderr(&first));
+        assert_eq!(other.status.code(), Some(0), "{}", stderr(&other));
+        cases(&["compare", s(&pristine), s(&work)]);
+        assert!(leftovers(&work).is_empty(), "{:?}", leftovers(&work));
+    }
 }

@@ -169,6 +169,36 @@ fn check_ancestor(dir: &OwnedFd, depth: usize, id: (u64, u64), instance: &str) -
     Ok(())
 }
 
+impl Backing {
+    /// Removes the lock file `name` in the directory `dir_rel` if nobody holds it: one a
+    /// writer killed mid-write left. A held one (a writer at work) stays.
+    pub fn remove_stale_lock(&self, dir_rel: &Path, name: &OsStr) -> io::Result<()> {
+        let dir = self.dir(dir_rel)?;
+        let flags = OFlags::RDWR | OFlags::CLOEXEC | OFlags::NOFOLLOW;
+        let file = match rustix::fs::openat(&dir, name, flags, Mode::empty()) {
+            Ok(fd) => File::from(fd),
+            // Gone, or not ours to remove: left as it is.
+            Err(rustix::io::Errno::NOENT | rustix::io::Errno::ACCESS | rustix::io::Errno::ROFS) => {
+                return Ok(());
+            }
+            Err(e) => return Err(errno(e)),
+        };
+        if !try_lock(&file)? {
+            return Ok(());
+        }
+        // Removed while locked, and only if the name is still this file (as `KeyLock`'s
+        // drop does): a waiter then finds the name gone and starts again.
+        let held = file.metadata()?;
+        match rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) if st.st_ino == std::os::unix::fs::MetadataExt::ino(&held) => {
+                let _ = rustix::fs::unlinkat(&dir, name, AtFlags::empty());
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
 impl KeyLock {
     /// The key's file now, if there is one (a regular file), opened in the locked
     /// directory (never by a path from BACKING's root).

@@ -47,6 +47,12 @@ pub fn pack(args: &PackArgs) -> ExitCode {
         say!("shardfs pack: {why}");
         return ExitCode::from(2);
     }
+    if args.dst.is_none()
+        && let Some(why) = consolidated_above(&args.src)
+    {
+        say!("shardfs pack: {why}");
+        return ExitCode::from(2);
+    }
     let stores = open(&args.src, args, false).and_then(|src| {
         let Some(dst) = &args.dst else {
             return Ok((src, Target::InPlace));
@@ -160,6 +166,12 @@ fn report(s: &Summary, dry_run: bool, seconds: f64) {
         );
         return;
     }
+    if s.resumed > 0 {
+        println!(
+            "finished {} stopped packs in place (with the chunks per shard they began with)",
+            s.resumed
+        );
+    }
     println!(
         "packed {} arrays: {} shards from {} chunks ({}) in {seconds:.1} s ({}/s); {} other objects copied",
         s.arrays.len(),
@@ -223,4 +235,27 @@ fn resolved(path: &Path) -> std::io::Result<PathBuf> {
         }
     }
     Ok(out)
+}
+
+/// Why SRC may not be packed in place: a group above it has consolidated metadata naming
+/// the arrays below, which a pack of SRC alone would leave stale (a reader trusting it
+/// would take shards for chunks).
+fn consolidated_above(src: &str) -> Option<String> {
+    if is_object_url(src) {
+        return None;
+    }
+    let src = resolved(Path::new(src)).ok()?;
+    src.ancestors().skip(1).find_map(|dir| {
+        let Ok(Some(Ok(crate::zarr::Node::Group(g)))) = super::scan::read_node(dir) else {
+            return None;
+        };
+        g.consolidated_entries().map(|_| {
+            format!(
+                "{} has consolidated metadata naming the arrays below {}: pack {} in place instead (its consolidated metadata is rewritten), or remove it first",
+                dir.display(),
+                src.display(),
+                dir.display()
+            )
+        })
+    })
 }

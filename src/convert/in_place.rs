@@ -43,6 +43,9 @@ use crate::zarr::{
 
 /// The state file of an array being packed in place.
 pub const STATE_FILE: &str = ".shardfs-pack.json";
+/// The key held while a run works on an array (its lock file, `.shardfs-pack.__lock`,
+/// exists only meanwhile).
+const HOLD_KEY: &str = ".shardfs-pack";
 
 /// What a state file says: an array being packed, or a group whose consolidated metadata
 /// is set aside until every array below is packed.
@@ -53,6 +56,10 @@ enum State {
         /// The array's unsharded document, as it was.
         original: serde_json::Value,
         chunks_per_shard: Vec<u64>,
+        /// `zarr.json` names the staged shards (step 2 done): the original document must
+        /// never be put back, the chunks may already be gone.
+        #[serde(default)]
+        flipped: bool,
     },
     Group {
         /// The group's document, consolidated metadata and all, as it was.
@@ -87,7 +94,16 @@ fn walk(p: &Packer, dir: &Path) -> Result<(), ConvertError> {
     let listing = p.list(dir)?;
     if listing.objects.iter().any(|o| o == METADATA_FILE) {
         match p.node(dir)? {
-            Node::Array(meta) => return array(p, dir, &meta),
+            Node::Array(_) if p.opts.dry_run => return array(p, dir, &p.node_array(dir)?),
+            Node::Array(_) => {
+                // One run at a time on an array: another waits, then finds it as this one
+                // left it (its document read again under the lock).
+                let _held = p
+                    .src
+                    .hold(&dir.join(HOLD_KEY))
+                    .map_err(|e| ConvertError::store(p.src, dir, e))?;
+                return array(p, dir, &p.node_array(dir)?);
+            }
             Node::Group(group) => set_aside_consolidated(p, dir, group)?,
         }
     }
@@ -100,17 +116,26 @@ fn walk(p: &Packer, dir: &Path) -> Result<(), ConvertError> {
 /// The two plans of an array: in its own key family and in the other one.
 struct Plans {
     original: ArrayMetadata,
+    chunks_per_shard: Vec<u64>,
     target: PackPlan,
     staging: PackPlan,
+    /// From the state file of a run that was stopped (`Some(flipped)`).
+    resumed: Option<bool>,
+}
+
+/// Where an array's pack in place stands, by its `zarr.json` and its state file.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Step {
+    Stage,
+    Swap,
+    Clean,
 }
 
 fn array(p: &Packer, dir: &Path, current: &ArrayMetadata) -> Result<(), ConvertError> {
     let Some(plans) = plans(p, dir, current)? else {
         return Ok(()); // sharded, and no run of ours to finish
     };
-    let staged_family = current.chunk_key_encoding == plans.staging.sharded.chunk_key_encoding;
-    let own_sharded = current.chunk_key_encoding == plans.target.sharded.chunk_key_encoding
-        && p.unsharded(dir, current).map(|u| !u)?;
+    let step = step_of(p, dir, current, &plans)?;
     if p.opts.dry_run {
         let files = p.array_files(dir, &plans.original)?;
         let shards = plans
@@ -119,11 +144,20 @@ fn array(p: &Packer, dir: &Path, current: &ArrayMetadata) -> Result<(), ConvertE
         note(p, dir, &plans, files.chunks.len(), shards.len());
         return Ok(());
     }
-    if !staged_family && !own_sharded {
+    if plans.resumed.is_some() {
+        lock(&p.summary).resumed += 1;
+    }
+    if step == Step::Stage {
         stage(p, dir, &plans)?;
         put_document(p, dir, &Node::Array(plans.staging.sharded.clone()))?;
+        let state = State::Array {
+            original: Node::Array(plans.original.clone()).to_value(),
+            chunks_per_shard: plans.chunks_per_shard.clone(),
+            flipped: true,
+        };
+        put_state(p, &dir.join(STATE_FILE), &state)?;
     }
-    if !own_sharded {
+    if step != Step::Clean {
         swap(p, dir, &plans)?;
         put_document(p, dir, &Node::Array(plans.target.sharded.clone()))?;
     }
@@ -132,16 +166,43 @@ fn array(p: &Packer, dir: &Path, current: &ArrayMetadata) -> Result<(), ConvertE
     Ok(())
 }
 
+/// The step an array is at: its `zarr.json` must be one of the three documents its state
+/// file implies (the original before the flip, never after; the staged; the target).
+/// Anything else was changed by someone meanwhile, and is refused: resuming would put
+/// back a document, or chunks, that are no longer the array's.
+fn step_of(
+    p: &Packer,
+    dir: &Path,
+    current: &ArrayMetadata,
+    plans: &Plans,
+) -> Result<Step, ConvertError> {
+    let now = Node::Array(current.clone()).to_value();
+    let is = |meta: &ArrayMetadata| Node::Array(meta.clone()).to_value() == now;
+    match () {
+        _ if is(&plans.original) && plans.resumed != Some(true) => Ok(Step::Stage),
+        _ if is(&plans.staging.sharded) => Ok(Step::Swap),
+        _ if is(&plans.target.sharded) => Ok(Step::Clean),
+        _ => Err(ConvertError::Changed(
+            p.src.describe(&dir.join(METADATA_FILE)),
+        )),
+    }
+}
+
 /// The plans from the state file, or (an unsharded array, no state file) new ones, with
 /// the state file written first. `None`: nothing to do here.
 fn plans(p: &Packer, dir: &Path, current: &ArrayMetadata) -> Result<Option<Plans>, ConvertError> {
     let key = dir.join(STATE_FILE);
-    let (original, cps) = match p.get(p.src, &key)? {
+    let (original, cps, resumed) = match p.get(p.src, &key)? {
         Some(bytes) => match read_state(p, &key, &bytes)? {
             State::Array {
                 original,
                 chunks_per_shard,
-            } => (array_of(p, &key, original)?, chunks_per_shard),
+                flipped,
+            } => (
+                array_of(p, &key, original)?,
+                chunks_per_shard,
+                Some(flipped),
+            ),
             State::Group { .. } => return Err(bad_state(p, &key, "it names a group")),
         },
         None if p.unsharded(dir, current)? => {
@@ -159,19 +220,29 @@ fn plans(p: &Packer, dir: &Path, current: &ArrayMetadata) -> Result<Option<Plans
                 let state = State::Array {
                     original: Node::Array(current.clone()).to_value(),
                     chunks_per_shard: cps.clone(),
+                    flipped: false,
                 };
                 put_state(p, &key, &state)?;
             }
-            (current.clone(), cps)
+            (current.clone(), cps, None)
         }
-        None => return Ok(None),
+        None => {
+            // Finished: only the state file's lock may be left, if the run was killed as
+            // it removed the state file.
+            p.src
+                .clear_stale_lock(&key)
+                .map_err(|e| ConvertError::store(p.src, &key, e))?;
+            return Ok(None);
+        }
     };
     let target = layout_of(p, dir, &original, &cps)?;
     let staging = layout_of(p, dir, &in_other_family(&original), &cps)?;
     Ok(Some(Plans {
         original,
+        chunks_per_shard: cps,
         target,
         staging,
+        resumed,
     }))
 }
 
@@ -279,8 +350,12 @@ fn in_other_family(meta: &ArrayMetadata) -> ArrayMetadata {
     out
 }
 
-/// Step 1: every shard under the other family's keys, durably.
+/// Step 1: every shard under the other family's keys, durably. Shards a stopped run
+/// staged go first: a chunk removed since must not come back from one.
 fn stage(p: &Packer, dir: &Path, plans: &Plans) -> Result<(), ConvertError> {
+    for staged in p.array_files(dir, &plans.staging.sharded)?.chunks.keys() {
+        delete(p, &dir.join(staged))?;
+    }
     let files = p.array_files(dir, &plans.original)?;
     let shards = plans
         .staging
@@ -330,7 +405,11 @@ fn clean(p: &Packer, dir: &Path, plans: &Plans) -> Result<(), ConvertError> {
     p.src
         .clear_leftovers(dir)
         .map_err(|e| ConvertError::store(p.src, dir, e))?;
-    delete(p, &dir.join(STATE_FILE))
+    let state = dir.join(STATE_FILE);
+    delete(p, &state)?;
+    p.src
+        .clear_stale_lock(&state)
+        .map_err(|e| ConvertError::store(p.src, &state, e))
 }
 
 fn put_document(p: &Packer, dir: &Path, node: &Node) -> Result<(), ConvertError> {

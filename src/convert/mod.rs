@@ -63,6 +63,10 @@ pub enum ConvertError {
         "{0}: a pack in place of it was stopped; finish it first (run `shardfs pack` on it again)"
     )]
     Unfinished(String),
+    #[error(
+        "{0}: changed while a pack in place of its array was stopped (it is none of the documents the pack writes); put it back as it was, or remove the array's .shardfs-pack.json and check the array by hand"
+    )]
+    Changed(String),
     #[error("{0} is not empty: pack writes into an empty destination")]
     NotEmpty(String),
     #[error(
@@ -96,6 +100,9 @@ pub struct Summary {
     pub chunk_bytes: u64,
     /// Other objects copied as they are (metadata, sharded arrays, other files).
     pub copied: u64,
+    /// Packs in place that were stopped and are now finished (with the chunks per shard
+    /// they began with).
+    pub resumed: u64,
 }
 
 /// One array packed.

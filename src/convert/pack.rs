@@ -166,6 +166,16 @@ impl<'a> Packer<'a> {
         })
     }
 
+    /// The array whose document is in `dir` (one that is no longer an array is refused).
+    pub(super) fn node_array(&self, dir: &Path) -> Result<ArrayMetadata, ConvertError> {
+        match self.node(dir)? {
+            Node::Array(meta) => Ok(meta),
+            Node::Group(_) => Err(ConvertError::Changed(
+                self.src.describe(&dir.join(METADATA_FILE)),
+            )),
+        }
+    }
+
     /// Whether the array at `dir` is unsharded (one that cannot be read is refused).
     pub(super) fn unsharded(&self, dir: &Path, meta: &ArrayMetadata) -> Result<bool, ConvertError> {
         let sharded = ShardLayout::of(meta).map_err(|source| ConvertError::Layout {

@@ -118,6 +118,18 @@ pub trait Store: Send + Sync + Debug {
         self.put(key, parts, Precondition::None)
     }
 
+    /// Holds `key` exclusively until the guard returned drops, against anyone holding it
+    /// the same way (a directory: the key lock of `backing::lock`, waited for). `None`
+    /// where the store has no such lock (object stores).
+    fn hold(&self, _key: &Path) -> Result<Option<Box<dyn std::any::Any>>, StoreError> {
+        Ok(None)
+    }
+
+    /// Removes `key`'s lock file if a writer killed mid-write left it (nobody holds it).
+    fn clear_stale_lock(&self, _key: &Path) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     /// Makes everything written so far durable (a directory: its file system synced; an
     /// object store's writes are durable once acknowledged).
     fn sync_all(&self) -> Result<(), StoreError> {

@@ -73,9 +73,22 @@ impl Store for Backing {
         Ok(info_of(&meta, generation))
     }
 
+    fn hold(&self, key: &Path) -> Result<Option<Box<dyn std::any::Any>>, StoreError> {
+        // Never renamed onto `key`: dropped, it leaves nothing behind.
+        let held = self.lock_key_within(key, Within::path(Path::new("")))?;
+        Ok(Some(Box::new(held)))
+    }
+
     fn sync_all(&self) -> Result<(), StoreError> {
         let root = File::open(self.root())?;
         rustix::fs::syncfs(&root).map_err(|e| StoreError::Io(e.into()))
+    }
+
+    fn clear_stale_lock(&self, key: &Path) -> Result<(), StoreError> {
+        let (Some(dir), Some(name)) = (key.parent(), key.file_name()) else {
+            return Ok(());
+        };
+        Ok(self.remove_stale_lock(dir, &crate::backing::lock::lock_name(name))?)
     }
 
     fn clear_leftovers(&self, dir: &Path) -> Result<(), StoreError> {
@@ -85,10 +98,8 @@ impl Store for Backing {
                 let name = entry.name.to_string_lossy();
                 if entry.kind.is_dir() {
                     stack.push(d.join(&entry.name));
-                } else if let Some(key) = name.strip_suffix(LOCK_SUFFIX) {
-                    // Taken and let go unused: the lock file goes (`KeyLock`'s drop), its
-                    // key stays as it is.
-                    drop(self.lock_key_within(&d.join(key), Within::path(Path::new("")))?);
+                } else if name.ends_with(LOCK_SUFFIX) {
+                    self.remove_stale_lock(&d, &entry.name)?;
                 }
             }
         }

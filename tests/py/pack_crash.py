@@ -3,7 +3,8 @@ equal to its pristine copy, and running the command again must finish the pack.
 
     pack_crash.py SHARDFS PRISTINE WORK TRIALS SEED
 
-PRISTINE holds arrays written by pack_cases.py. Prints a JSON report: trials, kills, and
+PRISTINE holds arrays written by pack_cases.py. Between a kill and the rerun, a user
+sometimes writes into an array whose document is still unsharded. Prints a JSON report: trials, kills, and
 the kills that fell in each state (unsharded / staged / sharded with a state file left)."""
 import json
 import os
@@ -34,11 +35,25 @@ def state_of(root):
     return sorted(states) or ["done"]
 
 
-def reads_equal(pristine, root, names):
-    for name in names:
-        a = zarr.open_array(os.path.join(pristine, name), mode="r")[...]
+def reads_equal(expected, root):
+    for name, a in expected.items():
         b = zarr.open_array(os.path.join(root, name), mode="r")[...]
         assert a.dtype == b.dtype and np.array_equal(a, b), f"{name} differs after a kill"
+
+
+def write_while_stopped(rng, expected, root):
+    """A user's write between a kill and the rerun, into an array not yet flipped (its
+    document still unsharded): a rerun must pack what the array holds then."""
+    path = os.path.join(root, "zp/two")
+    with open(os.path.join(path, "zarr.json")) as f:
+        if json.load(f)["codecs"][0]["name"] == "sharding_indexed":
+            return False
+    # Half the time the fill value: zarr-python removes those chunk files.
+    value = rng.choice([0, rng.randrange(1, 256)])
+    a = zarr.open_array(path, mode="r+")
+    a[0:16, 0:10] = value
+    expected["zp/two"][0:16, 0:10] = value
+    return True
 
 
 def pack(shardfs, root):
@@ -56,10 +71,11 @@ def main(shardfs, pristine, work, trials, seed):
     assert pack(shardfs, root).wait() == 0
     span = (time.monotonic() - start) * 1.2
     shutil.rmtree(root)
-    kills, seen = 0, {}
+    kills, seen, writes = 0, {}, 0
     for trial in range(int(trials)):
         root = os.path.join(work, f"t{trial}")
         shutil.copytree(pristine, root)
+        expected = {n: zarr.open_array(os.path.join(pristine, n), mode="r")[...] for n in names}
         while True:
             p = pack(shardfs, root)
             try:
@@ -70,19 +86,22 @@ def main(shardfs, pristine, work, trials, seed):
                 kills += 1
                 for s in state_of(root):
                     seen[s] = seen.get(s, 0) + 1
-                reads_equal(pristine, root, names)
+                reads_equal(expected, root)
+                if rng.random() < 0.3 and write_while_stopped(rng, expected, root):
+                    writes += 1
                 continue
             assert p.returncode == 0, p.stderr.read().decode()
             break
-        reads_equal(pristine, root, names)
+        reads_equal(expected, root)
         leftovers = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs
                      if f == ".shardfs-pack.json" or f.endswith(".__lock")]
         assert not leftovers, leftovers
-        if trial % 10 == 0:
+        if trial % 10 == 0 and all(np.array_equal(expected[n], zarr.open_array(
+                os.path.join(pristine, n), mode="r")[...]) for n in names):
             compare(pristine, root)  # both clients, once in a while
         shutil.rmtree(root)
     print(json.dumps({"trials": int(trials), "kills": kills, "kills_by_state": seen,
-                      "span_s": span}))
+                      "writes_between": writes, "span_s": span}))
 
 
 if __name__ == "__main__":
