@@ -518,3 +518,40 @@ fn a_pack_in_place_refuses_what_it_cannot_resume_safely_and_two_runs_do_not_coll
         assert!(leftovers(&work).is_empty(), "{:?}", leftovers(&work));
     }
 }
+
+#[test]
+fn zarr_v2_arrays_become_sharded_v3_arrays_with_their_chunks_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("v2");
+    cases(&["write_v2", s(&src)]);
+    let before = contents(&src);
+    let dst = dir.path().join("v3");
+    let out = shardfs(&["pack", s(&src), s(&dst), "--chunks-per-shard", "2"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).starts_with("packed 4 arrays"),
+        "{}",
+        stdout(&out)
+    );
+    assert_eq!(cases(&["compare_v2", s(&src), s(&dst)]).trim(), "ok");
+    let verify = shardfs(&["verify", s(&dst)]);
+    assert_eq!(verify.status.code(), Some(0), "{}", stdout(&verify));
+    assert_eq!(contents(&src), before, "the source is never changed");
+    // In place is for v3 arrays: refused, nothing changed.
+    let out = shardfs(&["pack", s(&src)]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("not in place"), "{}", stderr(&out));
+    assert_eq!(contents(&src), before);
+    // A v2 array with a filter cannot keep its bytes: refused with the reason, DST empty.
+    let filtered = dir.path().join("filtered");
+    cases(&["write_v2", s(&filtered), "filters"]);
+    let out = shardfs(&["pack", s(&filtered), s(&dir.path().join("none"))]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("delta/.zarray: this Zarr v2 node cannot become Zarr v3")
+            && stderr(&out).contains("filters"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(contents(&dir.path().join("none")).is_empty());
+}

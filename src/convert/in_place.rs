@@ -92,6 +92,13 @@ pub fn pack_in_place(
 
 fn walk(p: &Packer, dir: &Path) -> Result<(), ConvertError> {
     let listing = p.list(dir)?;
+    let has = |name: &str| listing.objects.iter().any(|o| o == name);
+    if !has(METADATA_FILE) && (has(super::v2::ZARRAY) || has(super::v2::ZGROUP)) {
+        return Err(ConvertError::V2 {
+            what: p.src.describe(dir),
+            why: "a Zarr v2 tree is packed into a destination, not in place".into(),
+        });
+    }
     if listing.objects.iter().any(|o| o == METADATA_FILE) {
         match p.node(dir)? {
             Node::Array(_) if p.opts.dry_run => return array(p, dir, &p.node_array(dir)?),

@@ -10,6 +10,7 @@
 pub mod in_place;
 pub mod pack;
 pub mod plan;
+pub mod v2;
 
 use std::path::PathBuf;
 
@@ -37,6 +38,8 @@ pub enum ConvertError {
     Store { what: String, source: StoreError },
     #[error("{what}: not Zarr v3 metadata: {source}")]
     Metadata { what: String, source: MetadataError },
+    #[error("{what}: this Zarr v2 node cannot become Zarr v3 without re-encoding: {why}")]
+    V2 { what: String, why: String },
     #[error("{what}: cannot be sharded: {source}")]
     Layout { what: String, source: LayoutError },
     #[error("{what}: {source}")]

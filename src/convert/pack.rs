@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use bytes::Bytes;
 
 use super::plan::{PackPlan, ShardPlan, plan_pack};
+use super::v2;
 use super::{ConvertError, Options, Summary};
 use crate::limits::MAX_FILE_BYTES;
 use crate::shard::ShardBuilder;
@@ -118,7 +119,11 @@ impl<'a> Packer<'a> {
         {
             return Err(ConvertError::Unfinished(self.src.describe(dir)));
         }
-        let mut copy_document = listing.objects.iter().any(|o| o == METADATA_FILE);
+        let has = |name: &str| listing.objects.iter().any(|o| o == name);
+        if !has(METADATA_FILE) && (has(v2::ZARRAY) || has(v2::ZGROUP)) {
+            return self.walk_v2(dir, &listing, has(v2::ZARRAY));
+        }
+        let mut copy_document = has(METADATA_FILE);
         if copy_document {
             match self.node(dir)? {
                 Node::Array(meta) if self.unsharded(dir, &meta)? => {
@@ -142,6 +147,45 @@ impl<'a> Packer<'a> {
             self.copy(&dir.join(METADATA_FILE))?;
         }
         Ok(())
+    }
+
+    /// A Zarr v2 node: an array is packed as the v3 array its `.zarray` describes (the
+    /// chunk files are already named by its `v2` key encoding); a group gets a v3
+    /// `zarr.json`. The v2 documents (and v2 consolidated metadata) are not copied.
+    fn walk_v2(
+        &self,
+        dir: &Path,
+        listing: &crate::store::Listing,
+        is_array: bool,
+    ) -> Result<(), ConvertError> {
+        let read = |name: &str| self.get(self.src, &dir.join(name));
+        let attrs = read(v2::ZATTRS)?;
+        let v2_error = |why: String| ConvertError::V2 {
+            what: self
+                .src
+                .describe(&dir.join(if is_array { v2::ZARRAY } else { v2::ZGROUP })),
+            why,
+        };
+        if is_array {
+            let zarray = read(v2::ZARRAY)?.unwrap_or_default();
+            let meta = v2::array(&zarray, attrs.as_deref()).map_err(v2_error)?;
+            return self.pack_array(dir, &meta);
+        }
+        let group = v2::group(attrs.as_deref()).map_err(v2_error)?;
+        let v2_names = [v2::ZGROUP, v2::ZATTRS, v2::ZMETADATA];
+        for name in listing
+            .objects
+            .iter()
+            .filter(|o| !v2_names.contains(&o.as_str()))
+        {
+            self.copy(&dir.join(name))?;
+        }
+        for name in &listing.dirs {
+            self.walk(&dir.join(name))?;
+        }
+        lock(&self.summary).copied += 1;
+        let doc = Node::Group(group).to_json_bytes();
+        self.put(&dir.join(METADATA_FILE), &[Bytes::from(doc)])
     }
 
     /// What lies directly in `dir`; anything that cannot be packed is refused.
@@ -224,7 +268,13 @@ impl<'a> Packer<'a> {
         }
         self.write_shards(dir, &plan, &shards)?;
         for other in &files.others {
-            self.copy(other)?;
+            // A v2 array's own documents: its v3 `zarr.json` replaces them.
+            let v2_document = [v2::ZARRAY, v2::ZATTRS]
+                .iter()
+                .any(|n| *other == dir.join(n));
+            if !v2_document {
+                self.copy(other)?;
+            }
         }
         let doc = Node::Array(plan.sharded.clone()).to_json_bytes();
         self.put(&dir.join(METADATA_FILE), &[Bytes::from(doc)])?;

@@ -6,6 +6,8 @@
                                  array and a group with attributes
     pack_cases.py reads SRC DST  every array reads equal with zarr-python (no consolidated
                                  metadata, which a pack in place sets aside meanwhile)
+    pack_cases.py write_v2 SRC [filters]   Zarr v2 arrays and groups (see write_v2)
+    pack_cases.py compare_v2 SRC DST       they read equal as sharded v3 arrays
     pack_cases.py compare SRC DST
                                  every array reads equal in SRC and DST with zarr-python
                                  and tensorstore; arrays unsharded in SRC are sharded in DST
@@ -59,6 +61,56 @@ def write(src):
     zarr.consolidate_metadata(src)
 
 
+V2_ARRAYS = {
+    # name: zarr-python's create_array arguments (zarr_format=2)
+    "blosc": dict(shape=(33, 21), chunks=(8, 5), dtype="<i4"),
+    "zstd_f": dict(shape=(17, 9, 4), chunks=(4, 4, 3), dtype="<f4", order="F"),
+    "raw_slash": dict(shape=(50,), chunks=(7,), dtype="|u1",
+                      chunk_key_encoding={"name": "v2", "separator": "/"}),
+    "gzip_big": dict(shape=(12, 12), chunks=(5, 5), dtype=">u2"),
+}
+
+
+def write_v2(src, filters=""):
+    """Zarr v2 arrays as zarr-python 3 writes them with zarr_format=2: blosc (bitshuffle),
+    zstd in Fortran order, raw with '/' keys, gzip big-endian; a group's attributes and
+    consolidated metadata. With `filters`, one array with a Delta filter too."""
+    import warnings
+    import numcodecs
+    warnings.simplefilter("ignore")
+    compressors = {"blosc": numcodecs.Blosc(cname="zstd", clevel=3, shuffle=2),
+                   "zstd_f": numcodecs.Zstd(level=2), "raw_slash": None,
+                   "gzip_big": numcodecs.GZip(level=1)}
+    g = zarr.open_group(src, mode="w", zarr_format=2)
+    g.attrs["about"] = "v2"
+    for name, kw in V2_ARRAYS.items():
+        a = g.create_array(f"sub/{name}", fill_value=0, compressors=compressors[name], **kw)
+        a[...] = values(kw["shape"], kw["dtype"])
+        a.attrs["name"] = name
+    if filters:
+        g.create_array("delta", shape=(10,), chunks=(5,), dtype="<i4", fill_value=0,
+                       filters=[numcodecs.Delta(dtype="<i4")])[...] = np.arange(10)
+    zarr.consolidate_metadata(src)
+
+
+def compare_v2(src, dst):
+    for name in V2_ARRAYS:
+        a = zarr.open_array(f"{src}/sub/{name}", mode="r", zarr_format=2)
+        b = zarr.open_array(f"{dst}/sub/{name}", mode="r", zarr_format=3)
+        # The same type; its byte order is the codec's in v3 (a big-endian v2 array reads
+        # as native numbers).
+        same_type = (a.dtype.kind, a.dtype.itemsize) == (b.dtype.kind, b.dtype.itemsize)
+        assert same_type and np.array_equal(a[...], b[...]), f"{name}: zarr-python"
+        assert b.shards is not None and dict(b.attrs) == {"name": name}, name
+        t = ts.open({"driver": "zarr3",
+                     "kvstore": {"driver": "file", "path": f"{dst}/sub/{name}"}}).result()
+        assert np.array_equal(t.read().result(), a[...]), f"{name}: tensorstore"
+    assert dict(zarr.open_group(dst, mode="r", zarr_format=3).attrs) == {"about": "v2"}
+    leftover = [os.path.join(d, f) for d, _, fs in os.walk(dst) for f in fs if f.startswith(".z")]
+    assert not leftover, leftover
+    print("ok")
+
+
 def arrays(root):
     out = []
     for d, _, files in os.walk(root):
@@ -105,4 +157,5 @@ def compare(src, dst):
 
 
 if __name__ == "__main__":
-    {"write": write, "compare": compare, "reads": reads}[sys.argv[1]](*sys.argv[2:])
+    {"write": write, "compare": compare, "reads": reads, "write_v2": write_v2,
+     "compare_v2": compare_v2}[sys.argv[1]](*sys.argv[2:])
