@@ -161,7 +161,7 @@ fn report(s: &Summary, dry_run: bool, seconds: f64) {
         println!(
             "dry run: {} arrays, {} shards, {} other objects; nothing written",
             s.arrays.len(),
-            s.shards,
+            s.shards(),
             s.copied
         );
         return;
@@ -175,8 +175,8 @@ fn report(s: &Summary, dry_run: bool, seconds: f64) {
     println!(
         "packed {} arrays: {} shards from {} chunks ({}) in {seconds:.1} s ({}/s); {} other objects copied",
         s.arrays.len(),
-        s.shards,
-        s.chunks,
+        s.shards(),
+        s.chunks(),
         mib(s.chunk_bytes),
         mib((s.chunk_bytes as f64 / seconds.max(1e-3)) as u64),
         s.copied

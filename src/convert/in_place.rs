@@ -33,8 +33,8 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use super::pack::{Packer, Progress};
-use super::plan::{PackPlan, plan_pack};
-use super::{ConvertError, Options, PackedArray, Summary};
+use super::plan::{PackPlan, ShardPlan, plan_pack};
+use super::{ConvertError, Options, Summary};
 use crate::store::{Precondition, Store};
 use crate::sync::lock;
 use crate::zarr::{
@@ -123,7 +123,6 @@ fn walk(p: &Packer, dir: &Path) -> Result<(), ConvertError> {
 /// The two plans of an array: in its own key family and in the other one.
 struct Plans {
     original: ArrayMetadata,
-    chunks_per_shard: Vec<u64>,
     target: PackPlan,
     staging: PackPlan,
     /// From the state file of a run that was stopped (`Some(flipped)`).
@@ -144,12 +143,7 @@ fn array(p: &Packer, dir: &Path, current: &ArrayMetadata) -> Result<(), ConvertE
     };
     let step = step_of(p, dir, current, &plans)?;
     if p.opts.dry_run {
-        let files = p.array_files(dir, &plans.original)?;
-        let shards = plans
-            .staging
-            .shards_of(files.chunks.iter().map(|(k, c)| (c.clone(), k.clone())));
-        note(p, dir, &plans, files.chunks.len(), shards.len());
-        return Ok(());
+        return staged_shards(p, dir, &plans).map(drop);
     }
     if plans.resumed.is_some() {
         lock(&p.summary).resumed += 1;
@@ -157,12 +151,7 @@ fn array(p: &Packer, dir: &Path, current: &ArrayMetadata) -> Result<(), ConvertE
     if step == Step::Stage {
         stage(p, dir, &plans)?;
         put_document(p, dir, &Node::Array(plans.staging.sharded.clone()))?;
-        let state = State::Array {
-            original: Node::Array(plans.original.clone()).to_value(),
-            chunks_per_shard: plans.chunks_per_shard.clone(),
-            flipped: true,
-        };
-        put_state(p, &dir.join(STATE_FILE), &state)?;
+        put_state(p, &dir.join(STATE_FILE), &plans.state(true))?;
     }
     if step != Step::Clean {
         swap(p, dir, &plans)?;
@@ -185,13 +174,16 @@ fn step_of(
 ) -> Result<Step, ConvertError> {
     let now = Node::Array(current.clone()).to_value();
     let is = |meta: &ArrayMetadata| Node::Array(meta.clone()).to_value() == now;
-    match () {
-        _ if is(&plans.original) && plans.resumed != Some(true) => Ok(Step::Stage),
-        _ if is(&plans.staging.sharded) => Ok(Step::Swap),
-        _ if is(&plans.target.sharded) => Ok(Step::Clean),
-        _ => Err(ConvertError::Changed(
+    if is(&plans.original) && plans.resumed != Some(true) {
+        Ok(Step::Stage)
+    } else if is(&plans.staging.sharded) {
+        Ok(Step::Swap)
+    } else if is(&plans.target.sharded) {
+        Ok(Step::Clean)
+    } else {
+        Err(ConvertError::Changed(
             p.src.describe(&dir.join(METADATA_FILE)),
-        )),
+        ))
     }
 }
 
@@ -199,40 +191,20 @@ fn step_of(
 /// the state file written first. `None`: nothing to do here.
 fn plans(p: &Packer, dir: &Path, current: &ArrayMetadata) -> Result<Option<Plans>, ConvertError> {
     let key = dir.join(STATE_FILE);
-    let (original, cps, resumed) = match p.get(p.src, &key)? {
+    let (original, target, resumed) = match p.get(p.src, &key)? {
         Some(bytes) => match read_state(p, &key, &bytes)? {
             State::Array {
                 original,
                 chunks_per_shard,
                 flipped,
-            } => (
-                array_of(p, &key, original)?,
-                chunks_per_shard,
-                Some(flipped),
-            ),
+            } => {
+                let original = array_of(p, &key, original)?;
+                let target = layout_of(p, dir, &original, &chunks_per_shard)?;
+                (original, target, Some(flipped))
+            }
             State::Group { .. } => return Err(bad_state(p, &key, "it names a group")),
         },
-        None if p.unsharded(dir, current)? => {
-            let cps = p
-                .plan(dir, current)?
-                .index_format()
-                .chunks_per_shard
-                .clone();
-            // A file already named like a staged shard would be overwritten, then removed.
-            let staged = layout_of(p, dir, &in_other_family(current), &cps)?;
-            if let Some(key) = p.array_files(dir, &staged.sharded)?.chunks.keys().next() {
-                return Err(ConvertError::InTheWay(p.src.describe(&dir.join(key))));
-            }
-            if !p.opts.dry_run {
-                let state = State::Array {
-                    original: Node::Array(current.clone()).to_value(),
-                    chunks_per_shard: cps.clone(),
-                    flipped: false,
-                };
-                put_state(p, &key, &state)?;
-            }
-            (current.clone(), cps, None)
-        }
+        None if p.unsharded(dir, current)? => (current.clone(), p.plan(dir, current)?, None),
         None => {
             // Finished: only the state file's lock may be left, if the run was killed as
             // it removed the state file.
@@ -242,15 +214,46 @@ fn plans(p: &Packer, dir: &Path, current: &ArrayMetadata) -> Result<Option<Plans
             return Ok(None);
         }
     };
-    let target = layout_of(p, dir, &original, &cps)?;
-    let staging = layout_of(p, dir, &in_other_family(&original), &cps)?;
-    Ok(Some(Plans {
+    let cps = &target.index_format().chunks_per_shard;
+    let staging = layout_of(p, dir, &in_other_family(&original), cps)?;
+    let plans = Plans {
         original,
-        chunks_per_shard: cps,
         target,
         staging,
         resumed,
-    }))
+    };
+    if plans.resumed.is_none() {
+        begin(p, dir, &plans)?;
+    }
+    Ok(Some(plans))
+}
+
+/// A fresh start: nothing may lie where a shard is staged (it would be overwritten, then
+/// removed), and the state file is written before anything else.
+fn begin(p: &Packer, dir: &Path, plans: &Plans) -> Result<(), ConvertError> {
+    if let Some(key) = p
+        .array_files(dir, &plans.staging.sharded)?
+        .chunks
+        .keys()
+        .next()
+    {
+        return Err(ConvertError::InTheWay(p.src.describe(&dir.join(key))));
+    }
+    if p.opts.dry_run {
+        return Ok(());
+    }
+    put_state(p, &dir.join(STATE_FILE), &plans.state(false))
+}
+
+impl Plans {
+    /// The state file's content for this pack.
+    fn state(&self, flipped: bool) -> State {
+        State::Array {
+            original: Node::Array(self.original.clone()).to_value(),
+            chunks_per_shard: self.target.index_format().chunks_per_shard.clone(),
+            flipped,
+        }
+    }
 }
 
 fn layout_of(
@@ -363,25 +366,16 @@ fn stage(p: &Packer, dir: &Path, plans: &Plans) -> Result<(), ConvertError> {
     for staged in p.array_files(dir, &plans.staging.sharded)?.chunks.keys() {
         delete(p, &dir.join(staged))?;
     }
-    let files = p.array_files(dir, &plans.original)?;
-    let shards = plans
-        .staging
-        .shards_of(files.chunks.iter().map(|(k, c)| (c.clone(), k.clone())));
-    note(p, dir, plans, files.chunks.len(), shards.len());
+    let shards = staged_shards(p, dir, plans)?;
     p.write_shards(dir, &plans.staging, &shards)
 }
 
-/// Counts an array packed in the summary.
-fn note(p: &Packer, dir: &Path, plans: &Plans, chunks: usize, shards: usize) {
-    let mut s = lock(&p.summary);
-    s.arrays.push(PackedArray {
-        dir: dir.to_path_buf(),
-        chunks: chunks as u64,
-        shards: shards as u64,
-        chunks_per_shard: plans.target.index_format().chunks_per_shard.clone(),
-    });
-    s.shards += shards as u64;
-    s.chunks += chunks as u64;
+/// The shards to stage, from the chunk files there now, counted in the summary.
+fn staged_shards(p: &Packer, dir: &Path, plans: &Plans) -> Result<Vec<ShardPlan>, ConvertError> {
+    let files = p.array_files(dir, &plans.original)?;
+    let shards = files.shards(&plans.staging);
+    p.note_array(dir, &plans.target, files.chunks.len(), shards.len());
+    Ok(shards)
 }
 
 /// Step 3: the chunk files go, and each staged shard is copied to its own key.

@@ -97,8 +97,6 @@ impl ConvertError {
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Summary {
     pub arrays: Vec<PackedArray>,
-    pub shards: u64,
-    pub chunks: u64,
     /// Bytes of chunks copied into shards.
     pub chunk_bytes: u64,
     /// Other objects copied as they are (metadata, sharded arrays, other files).
@@ -106,6 +104,18 @@ pub struct Summary {
     /// Packs in place that were stopped and are now finished (with the chunks per shard
     /// they began with).
     pub resumed: u64,
+}
+
+impl Summary {
+    /// Shards written, over every array.
+    pub fn shards(&self) -> u64 {
+        self.arrays.iter().map(|a| a.shards).sum()
+    }
+
+    /// Chunks packed, over every array.
+    pub fn chunks(&self) -> u64 {
+        self.arrays.iter().map(|a| a.chunks).sum()
+    }
 }
 
 /// One array packed.

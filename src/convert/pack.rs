@@ -86,6 +86,13 @@ pub(super) struct ArrayFiles {
     pub(super) others: Vec<PathBuf>,
 }
 
+impl ArrayFiles {
+    /// The shards of `plan` holding these chunks.
+    pub(super) fn shards(&self, plan: &PackPlan) -> Vec<ShardPlan> {
+        plan.shards_of(self.chunks.iter().map(|(k, c)| (c.clone(), k.clone())))
+    }
+}
+
 impl<'a> Packer<'a> {
     pub(super) fn new(
         src: &'a dyn Store,
@@ -251,18 +258,8 @@ impl<'a> Packer<'a> {
     fn pack_array(&self, dir: &Path, meta: &ArrayMetadata) -> Result<(), ConvertError> {
         let plan = self.plan(dir, meta)?;
         let files = self.array_files(dir, meta)?;
-        let shards = plan.shards_of(files.chunks.iter().map(|(k, c)| (c.clone(), k.clone())));
-        {
-            let mut s = lock(&self.summary);
-            s.arrays.push(super::PackedArray {
-                dir: dir.to_path_buf(),
-                chunks: files.chunks.len() as u64,
-                shards: shards.len() as u64,
-                chunks_per_shard: plan.index_format().chunks_per_shard.clone(),
-            });
-            s.shards += shards.len() as u64;
-            s.chunks += files.chunks.len() as u64;
-        }
+        let shards = files.shards(&plan);
+        self.note_array(dir, &plan, files.chunks.len(), shards.len());
         if self.opts.dry_run {
             return Ok(());
         }
@@ -280,6 +277,16 @@ impl<'a> Packer<'a> {
         self.put(&dir.join(METADATA_FILE), &[Bytes::from(doc)])?;
         lock(&self.packed).insert(dir.to_path_buf(), plan.sharded);
         Ok(())
+    }
+
+    /// Counts an array packed (or planned) in the summary.
+    pub(super) fn note_array(&self, dir: &Path, plan: &PackPlan, chunks: usize, shards: usize) {
+        lock(&self.summary).arrays.push(super::PackedArray {
+            dir: dir.to_path_buf(),
+            chunks: chunks as u64,
+            shards: shards as u64,
+            chunks_per_shard: plan.index_format().chunks_per_shard.clone(),
+        });
     }
 
     pub(super) fn plan(&self, dir: &Path, meta: &ArrayMetadata) -> Result<PackPlan, ConvertError> {

@@ -25,6 +25,8 @@ pub mod pending;
 pub mod refusal;
 pub mod shards;
 pub mod stats;
+#[cfg(test)]
+pub(crate) mod testing;
 pub mod view;
 
 pub use error::FsError;

@@ -12,16 +12,8 @@ use super::{ChunkData, ShardRegistry, WriteMode};
 use crate::backing::Backing;
 use crate::core::array::ArrayState;
 use crate::core::refusal::RefusalLog;
+use crate::core::testing::FOUR_BYTES_TWO_PER_SHARD;
 use crate::core::view::classify::{Classifier, DirClass};
-
-/// An array of four one-byte chunks, two per shard.
-const SHARDED: &str = r#"{"zarr_format":3,"node_type":"array","shape":[4],"data_type":"uint8",
-  "chunk_grid":{"name":"regular","configuration":{"chunk_shape":[2]}},
-  "chunk_key_encoding":{"name":"default","configuration":{"separator":"/"}},
-  "fill_value":0,"codecs":[{"name":"sharding_indexed","configuration":{
-    "chunk_shape":[1],"codecs":[{"name":"bytes"}],
-    "index_codecs":[{"name":"bytes","configuration":{"endian":"little"}},{"name":"crc32c"}],
-    "index_location":"end"}}]}"#;
 
 struct Setup {
     _dir: tempfile::TempDir,
@@ -33,7 +25,7 @@ struct Setup {
 fn setup() -> Setup {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir(dir.path().join("a")).unwrap();
-    std::fs::write(dir.path().join("a/zarr.json"), SHARDED).unwrap();
+    std::fs::write(dir.path().join("a/zarr.json"), FOUR_BYTES_TWO_PER_SHARD).unwrap();
     let backing = Backing::new(dir.path().to_path_buf()).unwrap();
     let DirClass::ShardedArray(array) = Classifier::default()
         .classify(&backing, Path::new("a"))
@@ -62,6 +54,12 @@ impl Setup {
         let delta = f.change(|d| d.write(0, Bytes::from(vec![byte]))).unwrap();
         self.reg.charge(delta);
         self.reg.settle(&self.backing, &self.array, &[i]).unwrap();
+    }
+
+    fn write_shard(&self, shard: u64, mode: WriteMode) {
+        self.reg
+            .write_shard(&self.backing, &self.array, &[shard], mode)
+            .unwrap();
     }
 
     fn ready(&self, shard: u64) -> bool {
@@ -116,9 +114,7 @@ fn a_shard_is_written_once_when_every_position_is_closed_and_read_back_from_it()
     assert!(s.reg.pending_bytes() > 0);
     s.write_chunk(1, b'y');
     assert!(s.ready(0));
-    s.reg
-        .write_shard(&s.backing, &s.array, &[0], WriteMode::Complete)
-        .unwrap();
+    s.write_shard(0, WriteMode::Complete);
     assert_eq!(
         s.stored_chunks(0),
         [Some(b"x".to_vec()), Some(b"y".to_vec())]
@@ -141,17 +137,13 @@ fn a_deleted_position_counts_as_done_and_a_shard_of_deletions_goes() {
     let s = setup();
     s.write_chunk(2, b'p');
     s.write_chunk(3, b'q');
-    s.reg
-        .write_shard(&s.backing, &s.array, &[1], WriteMode::Complete)
-        .unwrap();
+    s.write_shard(1, WriteMode::Complete);
     assert!(s.reg.delete(&s.backing, &s.array, &[2]).unwrap());
     assert!(!s.ready(1), "one position deleted, the other not rewritten");
     assert_eq!(s.read(2), None);
     assert!(s.reg.delete(&s.backing, &s.array, &[3]).unwrap());
     assert!(s.ready(1));
-    s.reg
-        .write_shard(&s.backing, &s.array, &[1], WriteMode::Complete)
-        .unwrap();
+    s.write_shard(1, WriteMode::Complete);
     assert!(
         s.shard_file(1).is_none(),
         "a shard with no chunk left is removed"
@@ -168,16 +160,12 @@ fn a_partial_write_keeps_the_chunks_already_in_the_shard() {
     let s = setup();
     s.write_chunk(0, b'x');
     s.write_chunk(1, b'y');
-    s.reg
-        .write_shard(&s.backing, &s.array, &[0], WriteMode::Complete)
-        .unwrap();
+    s.write_shard(0, WriteMode::Complete);
     // One chunk rewritten: the shard is not complete in this round, so an idle write
     // merges it with the stored chunk that stays.
     s.write_chunk(1, b'z');
     assert!(!s.ready(0));
-    s.reg
-        .write_shard(&s.backing, &s.array, &[0], WriteMode::Settled)
-        .unwrap();
+    s.write_shard(0, WriteMode::Settled);
     assert_eq!(s.written(), (2, 1), "the second write merged");
     assert_eq!(
         (s.read(0), s.read(1)),

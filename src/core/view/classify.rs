@@ -189,13 +189,7 @@ mod tests {
 
     use super::*;
 
-    const SHARDED: &str = r#"{"zarr_format":3,"node_type":"array","shape":[4],"data_type":"uint8",
-      "chunk_grid":{"name":"regular","configuration":{"chunk_shape":[2]}},
-      "chunk_key_encoding":{"name":"default","configuration":{"separator":"/"}},
-      "fill_value":0,"codecs":[{"name":"sharding_indexed","configuration":{
-        "chunk_shape":[1],"codecs":[{"name":"bytes"}],
-        "index_codecs":[{"name":"bytes","configuration":{"endian":"little"}},{"name":"crc32c"}],
-        "index_location":"end"}}]}"#;
+    const SHARDED: &str = crate::core::testing::FOUR_BYTES_TWO_PER_SHARD;
     const UNSHARDED: &str = r#"{"zarr_format":3,"node_type":"array","shape":[4],"data_type":"uint8",
       "chunk_grid":{"name":"regular","configuration":{"chunk_shape":[2]}},
       "chunk_key_encoding":{"name":"default","configuration":{"separator":"/"}},
