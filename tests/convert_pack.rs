@@ -517,6 +517,20 @@ fn a_pack_in_place_refuses_what_it_cannot_resume_safely_and_two_runs_do_not_coll
         cases(&["compare", s(&pristine), s(&work)]);
         assert!(leftovers(&work).is_empty(), "{:?}", leftovers(&work));
     }
+    // The same through a link that leads out of the consolidated hierarchy (the array's
+    // real place has no consolidated group above it).
+    let linked = dir.path().join("linked");
+    common::copy_tree(&pristine, &linked);
+    let elsewhere = dir.path().join("real-one");
+    std::fs::rename(linked.join("zp/one"), &elsewhere).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, linked.join("zp/one")).unwrap();
+    let out = shardfs(&["pack", s(&linked.join("zp/one"))]);
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("has consolidated metadata"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]

@@ -244,16 +244,29 @@ fn consolidated_above(src: &str) -> Option<String> {
     if is_object_url(src) {
         return None;
     }
-    let src = resolved(Path::new(src)).ok()?;
-    src.ancestors().skip(1).find_map(|dir| {
-        let Ok(Some(Ok(crate::zarr::Node::Group(g)))) = super::scan::read_node(dir) else {
+    // Above SRC as named (a link may lead out of the hierarchy it lies in) and above where
+    // it really is.
+    let named: PathBuf =
+        std::path::absolute(src)
+            .ok()?
+            .components()
+            .fold(PathBuf::new(), |mut p, c| {
+                match c {
+                    std::path::Component::ParentDir => drop(p.pop()),
+                    c => p.push(c),
+                }
+                p
+            });
+    let real = resolved(Path::new(src)).ok()?;
+    let above = named.ancestors().skip(1).chain(real.ancestors().skip(1));
+    above.map(Path::to_path_buf).collect::<Vec<_>>().into_iter().find_map(|dir| {
+        let Ok(Some(Ok(crate::zarr::Node::Group(g)))) = super::scan::read_node(&dir) else {
             return None;
         };
         g.consolidated_entries().map(|_| {
             format!(
-                "{} has consolidated metadata naming the arrays below {}: pack {} in place instead (its consolidated metadata is rewritten), or remove it first",
+                "{} has consolidated metadata naming the arrays below {src}: pack {} in place instead (its consolidated metadata is rewritten), or remove it first",
                 dir.display(),
-                src.display(),
                 dir.display()
             )
         })

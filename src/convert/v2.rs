@@ -23,7 +23,8 @@ pub fn array(zarray: &[u8], zattrs: Option<&[u8]>) -> Result<ArrayMetadata, Stri
     if get("zarr_format")? != &json!(2) {
         return Err("not zarr_format 2".into());
     }
-    if !matches!(v2.get("filters"), None | Some(Value::Null)) {
+    let no_filters = |f: &Value| f.is_null() || f.as_array().is_some_and(Vec::is_empty);
+    if !v2.get("filters").is_none_or(no_filters) {
         return Err("it has filters, which Zarr v3 cannot apply to the same bytes".into());
     }
     let dtype = get("dtype")?.as_str().ok_or("dtype is not a string")?;
@@ -45,15 +46,13 @@ pub fn array(zarray: &[u8], zattrs: Option<&[u8]>) -> Result<ArrayMetadata, Stri
     if let Some(c) = compressor(get("compressor")?, size)? {
         codecs.push(c);
     }
-    let separator = match v2.get("dimension_separator").and_then(Value::as_str) {
-        None | Some(".") => ".",
-        Some("/") => "/",
-        Some(other) => return Err(format!("dimension_separator {other:?}")),
+    let separator = match v2.get("dimension_separator") {
+        None => ".",
+        Some(v) if v == "." => ".",
+        Some(v) if v == "/" => "/",
+        Some(other) => return Err(format!("dimension_separator {other}")),
     };
-    let fill_value = match get("fill_value")? {
-        Value::Null => return Err("its fill_value is null, which Zarr v3 has no form for".into()),
-        v => v.clone(),
-    };
+    let fill_value = fill_value(get("fill_value")?, data_type)?;
     let doc = json!({
         "zarr_format": 3, "node_type": "array", "shape": shape, "data_type": data_type,
         "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunks}},
@@ -84,6 +83,34 @@ fn attributes(zattrs: Option<&[u8]>) -> Result<Value, String> {
             Ok(_) => Err(".zattrs is not an object".into()),
             Err(e) => Err(format!(".zattrs: {e}")),
         },
+    }
+}
+
+/// A v2 fill value in the form v3 readers take for `data_type`: a bool as `true`/`false`
+/// (v2 writers also say 0 and 1), an integer as a number (also when written as a string);
+/// floats keep `"NaN"` and the infinities.
+fn fill_value(v: &Value, data_type: &str) -> Result<Value, String> {
+    let bad = || format!("its fill_value {v} is not a {data_type}");
+    match (v, data_type) {
+        (Value::Null, _) => Err("its fill_value is null, which Zarr v3 has no form for".into()),
+        (Value::Bool(_), "bool") => Ok(v.clone()),
+        (Value::Number(n), "bool") => match n.as_u64() {
+            Some(0) => Ok(json!(false)),
+            Some(1) => Ok(json!(true)),
+            _ => Err(bad()),
+        },
+        (_, t) if t.starts_with("int") || t.starts_with("uint") => {
+            let text = v
+                .as_str()
+                .map(str::to_string)
+                .unwrap_or_else(|| v.to_string());
+            if let Ok(n) = text.parse::<i64>() {
+                Ok(json!(n))
+            } else {
+                text.parse::<u64>().map(|n| json!(n)).map_err(|_| bad())
+            }
+        }
+        _ => Ok(v.clone()),
     }
 }
 
@@ -125,6 +152,9 @@ fn compressor(c: &Value, item_size: u64) -> Result<Option<Value>, String> {
     let id = c.get("id").and_then(Value::as_str).unwrap_or("");
     let int = |k: &str, default: i64| c.get(k).and_then(Value::as_i64).unwrap_or(default);
     Ok(Some(match id {
+        "zstd" if !(-131072..=22).contains(&int("level", 0)) => {
+            return Err(format!("zstd level {} is out of range", int("level", 0)));
+        }
         "zstd" => json!({"name": "zstd", "configuration": {"level": int("level", 0),
             "checksum": c.get("checksum").and_then(Value::as_bool).unwrap_or(false)}}),
         "gzip" => json!({"name": "gzip", "configuration": {"level": int("level", 1)}}),
@@ -138,6 +168,9 @@ fn compressor(c: &Value, item_size: u64) -> Result<Option<Value>, String> {
                 s => return Err(format!("blosc shuffle {s}")),
             };
             let cname = c.get("cname").and_then(Value::as_str).unwrap_or("lz4");
+            if !["lz4", "lz4hc", "blosclz", "zstd", "snappy", "zlib"].contains(&cname) {
+                return Err(format!("blosc cname {cname:?}"));
+            }
             json!({"name": "blosc", "configuration": {"cname": cname,
                 "clevel": int("clevel", 5), "shuffle": shuffle, "typesize": item_size,
                 "blocksize": int("blocksize", 0)}})
@@ -189,6 +222,21 @@ mod tests {
         assert_eq!(doc["codecs"][2]["configuration"]["shuffle"], "bitshuffle");
         assert_eq!(doc["codecs"][2]["configuration"]["typesize"], 8);
         assert_eq!(doc["chunk_key_encoding"]["configuration"]["separator"], "/");
+    }
+
+    #[test]
+    fn fill_values_and_empty_filters_take_the_form_v3_readers_take() {
+        let of = |extra: &str, dtype: &str, fill: &str| {
+            let src = v2(extra)
+                .replace("<u2", dtype)
+                .replace(r#""fill_value":0"#, &format!(r#""fill_value":{fill}"#));
+            Node::Array(array(src.as_bytes(), None).unwrap()).to_value()["fill_value"].clone()
+        };
+        assert_eq!(of("", "|b1", "0"), json!(false));
+        assert_eq!(of("", "<u8", r#""18446744073709551615""#), json!(u64::MAX));
+        assert_eq!(of("", "<f4", r#""NaN""#), json!("NaN"));
+        let no_filters = v2("").replace(r#""filters":null"#, r#""filters":[]"#);
+        assert!(array(no_filters.as_bytes(), None).is_ok());
     }
 
     #[test]
