@@ -9,57 +9,8 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use common::convert::{Tmpfs, cases, contents, leftovers, s, source};
 use common::{python, shardfs, stderr, stdout};
-
-fn cases_script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/pack_cases.py")
-}
-
-fn cases(args: &[&str]) -> String {
-    let out = std::process::Command::new(python())
-        .arg(cases_script())
-        .args(args)
-        .output()
-        .expect("python runs");
-    assert!(
-        out.status.success(),
-        "pack_cases.py {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// A fresh source hierarchy in a temporary directory.
-fn source() -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    let src = dir.path().join("src");
-    cases(&["write", src.to_str().unwrap()]);
-    (dir, src)
-}
-
-/// Every file below `dir` with its content.
-fn contents(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
-    let mut out = BTreeMap::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                out.insert(
-                    p.strip_prefix(dir).unwrap().into(),
-                    std::fs::read(&p).unwrap(),
-                );
-            }
-        }
-    }
-    out
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
 
 #[test]
 fn packed_arrays_read_equal_in_both_clients_and_verify_sound() {
@@ -86,7 +37,7 @@ fn packed_arrays_read_equal_in_both_clients_and_verify_sound() {
     for (name, r) in report.as_object().unwrap() {
         assert_eq!(r["sharded_after"], true, "{name} is sharded in DST");
     }
-    assert_eq!(report.as_object().unwrap().len(), 6);
+    assert_eq!(report.as_object().unwrap().len(), 7);
     let verify = shardfs(&["verify", s(&dst)]);
     assert_eq!(verify.status.code(), Some(0), "{}", stdout(&verify));
     assert_eq!(contents(&src), before, "the source is never changed");
@@ -325,17 +276,6 @@ fn packing_into_and_out_of_each_object_store() {
     }
 }
 
-/// Every file below `dir` whose name says it is a leftover of a pack in place.
-fn leftovers(dir: &Path) -> Vec<PathBuf> {
-    contents(dir)
-        .into_keys()
-        .filter(|k| {
-            let name = k.file_name().unwrap().to_string_lossy();
-            name == ".shardfs-pack.json" || name.ends_with(".__lock")
-        })
-        .collect()
-}
-
 #[test]
 fn packing_in_place_gives_what_packing_elsewhere_gives() {
     let (dir, src) = source();
@@ -397,44 +337,14 @@ fn a_pack_in_place_killed_anywhere_reads_equal_and_a_rerun_finishes_it() {
     eprintln!("pack in place under SIGKILL: {report}");
     let by_state = report["kills_by_state"].as_object().unwrap();
     // Kills fell before the flip and after it, not only at the start or the end.
-    assert!(by_state.contains_key("unsharded (staging)"), "{report}");
-    assert!(by_state.contains_key("sharded (finishing)"), "{report}");
-}
-
-/// A tmpfs mounted for one test, unmounted when dropped.
-struct Tmpfs(PathBuf);
-
-impl Tmpfs {
-    fn mount(at: &Path, size: &str) -> Tmpfs {
-        std::fs::create_dir_all(at).unwrap();
-        let ok = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs", s(at)])
-            .status()
-            .unwrap();
-        assert!(ok.success(), "mounting a tmpfs");
-        Tmpfs(at.to_path_buf())
-    }
-
-    fn resize(&self, size: &str) {
-        let ok = std::process::Command::new("mount")
-            .args(["-o", &format!("remount,size={size}"), s(&self.0)])
-            .status()
-            .unwrap();
-        assert!(ok.success(), "resizing the tmpfs");
-    }
-
-    fn used(&self) -> u64 {
-        let st = rustix::fs::statvfs(&self.0).unwrap();
-        (st.f_blocks - st.f_bfree) * st.f_frsize
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .args(["-l", s(&self.0)])
-            .status();
-    }
+    assert!(
+        by_state.contains_key("before the flip (staging)"),
+        "{report}"
+    );
+    assert!(
+        by_state.contains_key("after the flip (finishing)"),
+        "{report}"
+    );
 }
 
 #[test]

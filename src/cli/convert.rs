@@ -1,5 +1,5 @@
-//! `shardfs pack`: the command line over `crate::convert`: where SRC and DST are, the
-//! progress on a terminal, the summary.
+//! `shardfs pack`, `unpack`, `reshard`: the command line over `crate::convert`: where SRC
+//! and DST are, the progress on a terminal, the summary.
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -8,19 +8,35 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::backing::Backing;
-use crate::convert::in_place::pack_in_place;
-use crate::convert::{Options, Summary, pack::pack as pack_all};
+use crate::convert::in_place::convert_in_place;
+use crate::convert::plan::Goal;
+use crate::convert::{Options, Summary, pack::pack as convert_into};
 use crate::store::Store;
 use crate::store::object::{ObjectBacked, is_object_url};
 use crate::zarr::{ChunksPerShard, ShardPolicy};
 
+/// What every conversion takes.
 #[derive(clap::Args, Debug)]
-pub struct PackArgs {
-    /// The data to pack: a directory or an object store URL.
+pub struct CommonArgs {
+    /// The data to convert: a directory or an object store URL.
     src: String,
-    /// Where the packed data goes (empty or missing): a directory or an object store URL.
-    /// Without it, SRC is packed in place (see the README's "Packing in place").
+    /// Where the result goes (empty or missing): a directory or an object store URL.
+    /// Without it, SRC is converted in place (see the README's "In place").
     dst: Option<String>,
+    /// Objects built and written at once (1 to 4096). Default: the number of CPUs.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=4096))]
+    jobs: Option<u16>,
+    /// Print the plan (each array, its chunks and what is written) and write nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// The object store's endpoint (a local S3 server, a GCS emulator).
+    #[arg(long)]
+    endpoint: Option<String>,
+}
+
+/// How shards are shaped, and whether raw chunks are compressed.
+#[derive(clap::Args, Debug)]
+pub struct ShardArgs {
     /// Chunks per shard: one number for every axis, or one per axis (`4,4,2`). Default:
     /// the auto policy (--shard-target-bytes).
     #[arg(long, conflicts_with = "shard_shape")]
@@ -31,75 +47,115 @@ pub struct PackArgs {
     /// The auto policy's target of uncompressed bytes per shard (suffixes K, M, G).
     #[arg(long, default_value = "128M", value_parser = super::parse_size)]
     shard_target_bytes: u64,
-    /// Shards built and written at once (1 to 4096). Default: the number of CPUs.
-    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=4096))]
-    jobs: Option<u16>,
-    /// Print the plan (each array, its chunks and shards) and write nothing.
-    #[arg(long)]
-    dry_run: bool,
-    /// The object store's endpoint (a local S3 server, a GCS emulator).
-    #[arg(long)]
-    endpoint: Option<String>,
+    /// Compress raw chunks (arrays whose codecs have no compressor) with zstd, at LEVEL
+    /// (-7 to 22, default 3): `zstd` or `zstd:LEVEL`. Arrays that compress already are
+    /// left as they are.
+    #[arg(long, value_name = "zstd[:LEVEL]", value_parser = parse_compress)]
+    compress: Option<i32>,
 }
 
-pub fn pack(args: &PackArgs) -> ExitCode {
+#[derive(clap::Args, Debug)]
+pub struct PackArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    #[command(flatten)]
+    pub shards: ShardArgs,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct UnpackArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+fn parse_compress(text: &str) -> Result<i32, String> {
+    let level = match text.split_once(':') {
+        None if text == "zstd" => 3,
+        Some(("zstd", level)) => level.parse().map_err(|e| format!("{level}: {e}"))?,
+        _ => return Err(format!("{text}: only zstd or zstd:LEVEL")),
+    };
+    match (-7..=22).contains(&level) {
+        true => Ok(level),
+        false => Err(format!("zstd level {level} is outside -7..22")),
+    }
+}
+
+/// Runs `shardfs pack`, `unpack` or `reshard`.
+pub fn run(goal: Goal, args: &CommonArgs, shards: Option<&ShardArgs>) -> ExitCode {
+    let name = command_name(goal);
     if let Some(why) = args.dst.as_deref().and_then(|dst| nested(&args.src, dst)) {
-        say!("shardfs pack: {why}");
+        say!("shardfs {name}: {why}");
         return ExitCode::from(2);
     }
     if args.dst.is_none()
-        && let Some(why) = consolidated_above(&args.src)
+        && let Some(why) = consolidated_above(&args.src, name)
     {
-        say!("shardfs pack: {why}");
+        say!("shardfs {name}: {why}");
         return ExitCode::from(2);
     }
-    let stores = open(&args.src, args, false).and_then(|src| {
-        let Some(dst) = &args.dst else {
-            return Ok((src, Target::InPlace));
-        };
-        // A dry run's destination need not exist.
-        let missing = !is_object_url(dst) && !Path::new(dst).exists();
-        Ok(match args.dry_run && missing {
-            true => (src, Target::Nowhere),
-            false => (src, Target::Into(open(dst, args, !args.dry_run)?)),
-        })
-    });
-    let (src, target) = match stores {
+    let (src, target) = match stores(args) {
         Ok(s) => s,
         Err(e) => {
-            say!("shardfs pack: {e}");
+            say!("shardfs {name}: {e}");
             return ExitCode::from(2);
         }
     };
-    let opts = options(args);
+    let opts = options(goal, args, shards);
     let started = Instant::now();
     let terminal = std::io::stderr().is_terminal();
     let progress = move |done: u64, all: u64, bytes: u64| {
         if terminal {
-            eprint!("\r{done}/{all} shards, {}", mib(bytes));
+            eprint!("\r{done}/{all} written, {} of chunks", mib(bytes));
         }
     };
-    let packed = match &target {
-        Target::InPlace => pack_in_place(src.as_ref(), &opts, &progress),
-        Target::Nowhere => pack_all(src.as_ref(), None, &opts, &progress),
-        Target::Into(dst) => pack_all(src.as_ref(), Some(dst.as_ref()), &opts, &progress),
+    let converted = match &target {
+        Target::InPlace => convert_in_place(src.as_ref(), &opts, &progress),
+        Target::Nowhere => convert_into(src.as_ref(), None, &opts, &progress),
+        Target::Into(dst) => convert_into(src.as_ref(), Some(dst.as_ref()), &opts, &progress),
     };
     if terminal {
         eprint!("\r\x1b[K");
     }
-    match packed {
+    match converted {
         Ok(summary) => {
-            report(&summary, args.dry_run, started.elapsed().as_secs_f64());
+            report(
+                goal,
+                &summary,
+                args.dry_run,
+                started.elapsed().as_secs_f64(),
+            );
             ExitCode::SUCCESS
         }
         Err(e) => {
-            say!("shardfs pack: {e}");
+            say!("shardfs {name}: {e}");
             ExitCode::from(1)
         }
     }
 }
 
-/// Where `pack` writes.
+fn command_name(goal: Goal) -> &'static str {
+    match goal {
+        Goal::Pack => "pack",
+        Goal::Unpack => "unpack",
+        Goal::Reshard => "reshard",
+    }
+}
+
+/// SRC, and where the result goes.
+fn stores(args: &CommonArgs) -> Result<(Arc<dyn Store>, Target), String> {
+    let src = open(&args.src, args, false)?;
+    let Some(dst) = &args.dst else {
+        return Ok((src, Target::InPlace));
+    };
+    // A dry run's destination need not exist.
+    let missing = !is_object_url(dst) && !Path::new(dst).exists();
+    Ok(match args.dry_run && missing {
+        true => (src, Target::Nowhere),
+        false => (src, Target::Into(open(dst, args, !args.dry_run)?)),
+    })
+}
+
+/// Where a conversion writes.
 enum Target {
     Into(Arc<dyn Store>),
     /// A dry run's destination that does not exist yet.
@@ -107,15 +163,21 @@ enum Target {
     InPlace,
 }
 
-fn options(args: &PackArgs) -> Options {
+fn options(goal: Goal, args: &CommonArgs, shards: Option<&ShardArgs>) -> Options {
     Options {
-        policy: match &args.chunks_per_shard {
-            Some(cps) => ShardPolicy::Explicit(cps.clone()),
-            None => ShardPolicy::Auto {
-                target_bytes: args.shard_target_bytes,
+        goal,
+        compress: shards.and_then(|s| s.compress),
+        policy: match shards {
+            Some(ShardArgs {
+                chunks_per_shard: Some(cps),
+                ..
+            }) => ShardPolicy::Explicit(cps.clone()),
+            Some(s) => ShardPolicy::Auto {
+                target_bytes: s.shard_target_bytes,
             },
+            None => ShardPolicy::default(),
         },
-        shard_shape: args.shard_shape.clone(),
+        shard_shape: shards.and_then(|s| s.shard_shape.clone()),
         jobs: args.jobs.map(usize::from).unwrap_or_else(|| {
             std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
         }),
@@ -124,7 +186,7 @@ fn options(args: &PackArgs) -> Options {
 }
 
 /// The store at `location`; a directory is made first when `make` (a destination).
-fn open(location: &str, args: &PackArgs, make: bool) -> Result<Arc<dyn Store>, String> {
+fn open(location: &str, args: &CommonArgs, make: bool) -> Result<Arc<dyn Store>, String> {
     if is_object_url(location) {
         let store = ObjectBacked::open_at(location, args.endpoint.as_deref())
             .map_err(|e| format!("{location}: {e}"))?;
@@ -146,20 +208,21 @@ fn absolute(path: &Path) -> std::io::Result<PathBuf> {
     }
 }
 
-fn report(s: &Summary, dry_run: bool, seconds: f64) {
+fn report(goal: Goal, s: &Summary, dry_run: bool, seconds: f64) {
+    let what = |cps: &[u64]| match cps.is_empty() {
+        true => "chunk files".to_string(),
+        false => {
+            let cps: Vec<String> = cps.iter().map(u64::to_string).collect();
+            format!("shards of {} chunks", cps.join("x"))
+        }
+    };
     if dry_run {
         for a in &s.arrays {
-            let cps: Vec<String> = a.chunks_per_shard.iter().map(u64::to_string).collect();
-            println!(
-                "{}: {} chunks into {} shards of {} chunks",
-                shown(&a.dir),
-                a.chunks,
-                a.shards,
-                cps.join("x")
-            );
+            let (n, cps) = (a.chunks, what(&a.chunks_per_shard));
+            println!("{}: {n} chunks into {} {cps}", shown(&a.dir), a.shards);
         }
         println!(
-            "dry run: {} arrays, {} shards, {} other objects; nothing written",
+            "dry run: {} arrays, {} objects to write, {} other objects; nothing written",
             s.arrays.len(),
             s.shards(),
             s.copied
@@ -168,12 +231,25 @@ fn report(s: &Summary, dry_run: bool, seconds: f64) {
     }
     if s.resumed > 0 {
         println!(
-            "finished {} stopped packs in place (with the chunks per shard they began with)",
+            "finished {} stopped conversions in place (as each began: its state file names it)",
             s.resumed
         );
     }
+    let stored = match s.stored_bytes == s.chunk_bytes {
+        true => String::new(),
+        false => format!(
+            ", stored as {} ({:.2}x smaller)",
+            mib(s.stored_bytes),
+            s.chunk_bytes as f64 / s.stored_bytes.max(1) as f64
+        ),
+    };
     println!(
-        "packed {} arrays: {} shards from {} chunks ({}) in {seconds:.1} s ({}/s); {} other objects copied",
+        "{} {} arrays: {} objects from {} chunks ({}{stored}) in {seconds:.1} s ({}/s); {} other objects copied",
+        match goal {
+            Goal::Pack => "packed",
+            Goal::Unpack => "unpacked",
+            Goal::Reshard => "resharded",
+        },
         s.arrays.len(),
         s.shards(),
         s.chunks(),
@@ -237,10 +313,10 @@ fn resolved(path: &Path) -> std::io::Result<PathBuf> {
     Ok(out)
 }
 
-/// Why SRC may not be packed in place: a group above it has consolidated metadata naming
+/// Why SRC may not be converted in place: a group above it has consolidated metadata naming
 /// the arrays below, which a pack of SRC alone would leave stale (a reader trusting it
 /// would take shards for chunks).
-fn consolidated_above(src: &str) -> Option<String> {
+fn consolidated_above(src: &str, name: &str) -> Option<String> {
     if is_object_url(src) {
         return None;
     }
@@ -265,7 +341,7 @@ fn consolidated_above(src: &str) -> Option<String> {
         };
         g.consolidated_entries().map(|_| {
             format!(
-                "{} has consolidated metadata naming the arrays below {src}: pack {} in place instead (its consolidated metadata is rewritten), or remove it first",
+                "{} has consolidated metadata naming the arrays below {src}: {name} {} in place instead (its consolidated metadata is rewritten), or remove it first",
                 dir.display(),
                 dir.display()
             )

@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+
+use crate::convert::plan::Goal;
 use thiserror::Error;
 
 /// Zarr v3 shards, written as plain chunk files.
@@ -89,9 +91,21 @@ enum Command {
     /// once; everything else is copied as it is.
     ///
     /// SRC and DST are directories or object stores (s3://, gs://, az://); DST must be
-    /// empty. Exit status: 0 when all was packed (a summary is printed), 1 when not (the
-    /// reason is printed), 2 on usage errors.
+    /// empty. Without DST, SRC is packed in place (crash-safe: run it again to finish).
+    /// Exit status: 0 when all was packed (a summary is printed), 1 when not (the reason
+    /// is printed), 2 on usage errors.
     Pack(convert::PackArgs),
+    /// Unpack sharded Zarr v3 arrays: every sharded array below SRC becomes unsharded, a
+    /// file per chunk, each chunk's bytes copied as stored; everything else is copied as
+    /// it is.
+    ///
+    /// SRC and DST as for `pack`; without DST, in place. Exit status as for `pack`.
+    Unpack(convert::UnpackArgs),
+    /// Reshard sharded Zarr v3 arrays: every sharded array below SRC gets shards of
+    /// another shape, each chunk's bytes copied as stored.
+    ///
+    /// SRC and DST as for `pack`; without DST, in place. Exit status as for `pack`.
+    Reshard(convert::PackArgs),
     /// Unmount a shardfs mount and wait for its daemon to exit.
     ///
     /// Exit status: 0 when everything was written and the daemon exited cleanly, 1 when not
@@ -523,7 +537,11 @@ pub fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Command::Man => return print_man(),
-        Command::Pack(args) => return convert::pack(&args),
+        Command::Pack(args) => return convert::run(Goal::Pack, &args.common, Some(&args.shards)),
+        Command::Unpack(args) => return convert::run(Goal::Unpack, &args.common, None),
+        Command::Reshard(args) => {
+            return convert::run(Goal::Reshard, &args.common, Some(&args.shards));
+        }
         Command::Flush { mountpoint, path } => return flush(&mountpoint, path.as_deref()),
     };
     match result {

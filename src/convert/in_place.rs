@@ -1,39 +1,42 @@
-//! `pack` in place: an array is sharded where it lies, and at every moment it reads
-//! correctly in its old layout or its new one; a run killed anywhere (or stopped by a full
-//! disk) is finished by running the command again, and nothing is lost.
+//! Converting in place (`pack`, `unpack`, `reshard` without DST): an array gets its new
+//! layout where it lies, and at every moment it reads correctly in its old layout or its
+//! new one; a run killed anywhere (or stopped by a full disk) is finished by running the
+//! command again, and nothing is lost.
 //!
 //! **The rule.** With the default key encoding a shard and a chunk share a key (`c/0/0`),
-//! so shards cannot be written where the chunks are while the chunks are still needed.
-//! Instead the shards are first written under keys of the *other* key-encoding family
-//! (`0.0` for an array of `c/0/0` chunks, `c/0/0` for an array of `0.0` chunks; the two
-//! families never share a key), and every step is durable before the next begins:
-//! 1. **stage**: a state file (`.shardfs-pack.json`: the original document and the chunks
-//!    per shard) is written, then every shard under the other family's keys; the array
-//!    still reads its chunks.
-//! 2. **flip**: `zarr.json` is replaced (atomically) by the sharded metadata naming the
-//!    other family: the array now reads the staged shards.
-//! 3. **swap**: the old chunk files are removed, each shard is copied to its key in the
-//!    array's own family, and `zarr.json` is replaced by the sharded metadata in the
+//! as do shards of two shapes, so the new objects cannot be written where the old ones are
+//! while those are still needed. Instead the new objects are first written under keys of
+//! the *other* key-encoding family (`0.0` for an array of `c/0/0` keys, `c/0/0` for an
+//! array of `0.0` keys; the two families never share a key), and every step is durable
+//! before the next begins:
+//! 1. **stage**: a state file (`.shardfs-pack.json`: the original document and the target
+//!    one) is written, then every new object under the other family's keys; the array
+//!    still reads its old objects.
+//! 2. **flip**: `zarr.json` is replaced (atomically) by the target metadata naming the
+//!    other family: the array now reads the staged objects.
+//! 3. **swap**: the old objects are removed, each staged one is copied to its key in the
+//!    array's own family, and `zarr.json` is replaced by the target metadata in the
 //!    array's own family: the array reads those.
-//! 4. **clean**: the staged shards and the state file are removed.
+//! 4. **clean**: the staged objects and the state file are removed.
 //!
 //! A group's consolidated metadata names its arrays' documents, which change meanwhile: it
 //! is set aside first (kept in the group's state file, `consolidated_metadata: null` in
 //! its document, so readers read each array's own document) and put back last, each entry
 //! as its node's document then is.
 //!
-//! Where a rerun starts is read from `zarr.json` and the state file alone: unsharded with
-//! a state file (or without: a fresh start) is 1, sharded in the other family is 3, sharded
-//! in its own family with a state file is 4. Each step may be repeated whole. A rerun
-//! keeps the chunks per shard the state file names.
+//! Where a rerun starts is read from `zarr.json` and the state file alone: the original
+//! document with a state file (or without: a fresh start) is 1, the target in the other
+//! family is 3, the target in its own family with a state file is 4. Each step may be
+//! repeated whole. A rerun finishes what the state file names (the conversion, its shards
+//! and compression), whichever command runs it.
 
 use std::path::Path;
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use super::pack::{Packer, Progress};
-use super::plan::{PackPlan, ShardPlan, plan_pack};
+use super::pack::{Packer, Progress, Work};
+use super::plan::{Goal, plan_pack};
 use super::{ConvertError, Options, Summary};
 use crate::store::{Precondition, Store};
 use crate::sync::lock;
@@ -53,9 +56,15 @@ const HOLD_KEY: &str = ".shardfs-pack";
 #[serde(tag = "kind", rename_all = "lowercase")]
 enum State {
     Array {
-        /// The array's unsharded document, as it was.
+        /// The array's document, as it was.
         original: serde_json::Value,
-        chunks_per_shard: Vec<u64>,
+        /// What it becomes (in its own key family).
+        #[serde(default)]
+        target: Option<serde_json::Value>,
+        /// What it becomes, as the first packs in place wrote it: sharded with these
+        /// chunks per shard.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        chunks_per_shard: Option<Vec<u64>>,
         /// `zarr.json` names the staged shards (step 2 done): the original document must
         /// never be put back, the chunks may already be gone.
         #[serde(default)]
@@ -67,9 +76,9 @@ enum State {
     },
 }
 
-/// Packs every unsharded array below the top of `store` where it lies, and finishes any
-/// earlier run that was stopped.
-pub fn pack_in_place(
+/// Converts every array below the top of `store` that the goal concerns where it lies, and
+/// finishes any earlier run that was stopped.
+pub fn convert_in_place(
     store: &dyn Store,
     opts: &Options,
     progress: Progress,
@@ -93,7 +102,8 @@ pub fn pack_in_place(
 fn walk(p: &Packer, dir: &Path) -> Result<(), ConvertError> {
     let listing = p.list(dir)?;
     let has = |name: &str| listing.objects.iter().any(|o| o == name);
-    if !has(METADATA_FILE) && (has(super::v2::ZARRAY) || has(super::v2::ZGROUP)) {
+    let v2 = !has(METADATA_FILE) && (has(super::v2::ZARRAY) || has(super::v2::ZGROUP));
+    if v2 && p.opts.goal == Goal::Pack {
         return Err(ConvertError::V2 {
             what: p.src.describe(dir),
             why: "a Zarr v2 tree is packed into a destination, not in place".into(),
@@ -120,11 +130,11 @@ fn walk(p: &Packer, dir: &Path) -> Result<(), ConvertError> {
     Ok(())
 }
 
-/// The two plans of an array: in its own key family and in the other one.
+/// What an array is and becomes: in its own key family and in the other one.
 struct Plans {
     original: ArrayMetadata,
-    target: PackPlan,
-    staging: PackPlan,
+    target: ArrayMetadata,
+    staging: ArrayMetadata,
     /// From the state file of a run that was stopped (`Some(flipped)`).
     resumed: Option<bool>,
 }
@@ -139,26 +149,31 @@ enum Step {
 
 fn array(p: &Packer, dir: &Path, current: &ArrayMetadata) -> Result<(), ConvertError> {
     let Some(plans) = plans(p, dir, current)? else {
-        return Ok(()); // sharded, and no run of ours to finish
+        return Ok(()); // as it should be, and no run of ours to finish
     };
     let step = step_of(p, dir, current, &plans)?;
     if p.opts.dry_run {
-        return staged_shards(p, dir, &plans).map(drop);
+        // After the flip the array's own keys hold objects of both layouts: nothing is
+        // read there until the swap has cleared them.
+        if step == Step::Stage {
+            staged_work(p, dir, &plans)?;
+        }
+        return Ok(());
     }
     if plans.resumed.is_some() {
         lock(&p.summary).resumed += 1;
     }
     if step == Step::Stage {
         stage(p, dir, &plans)?;
-        put_document(p, dir, &Node::Array(plans.staging.sharded.clone()))?;
+        put_document(p, dir, &Node::Array(plans.staging.clone()))?;
         put_state(p, &dir.join(STATE_FILE), &plans.state(true))?;
     }
     if step != Step::Clean {
         swap(p, dir, &plans)?;
-        put_document(p, dir, &Node::Array(plans.target.sharded.clone()))?;
+        put_document(p, dir, &Node::Array(plans.target.clone()))?;
     }
     clean(p, dir, &plans)?;
-    lock(&p.packed).insert(dir.to_path_buf(), plans.target.sharded);
+    lock(&p.packed).insert(dir.to_path_buf(), plans.target);
     Ok(())
 }
 
@@ -176,9 +191,9 @@ fn step_of(
     let is = |meta: &ArrayMetadata| Node::Array(meta.clone()).to_value() == now;
     if is(&plans.original) && plans.resumed != Some(true) {
         Ok(Step::Stage)
-    } else if is(&plans.staging.sharded) {
+    } else if is(&plans.staging) {
         Ok(Step::Swap)
-    } else if is(&plans.target.sharded) {
+    } else if is(&plans.target) {
         Ok(Step::Clean)
     } else {
         Err(ConvertError::Changed(
@@ -187,35 +202,41 @@ fn step_of(
     }
 }
 
-/// The plans from the state file, or (an unsharded array, no state file) new ones, with
-/// the state file written first. `None`: nothing to do here.
+/// The plans from the state file, or (an array the goal concerns, no state file) new
+/// ones, with the state file written first. `None`: nothing to do here.
 fn plans(p: &Packer, dir: &Path, current: &ArrayMetadata) -> Result<Option<Plans>, ConvertError> {
     let key = dir.join(STATE_FILE);
     let (original, target, resumed) = match p.get(p.src, &key)? {
         Some(bytes) => match read_state(p, &key, &bytes)? {
             State::Array {
                 original,
+                target,
                 chunks_per_shard,
                 flipped,
             } => {
                 let original = array_of(p, &key, original)?;
-                let target = layout_of(p, dir, &original, &chunks_per_shard)?;
+                let target = match (target, chunks_per_shard) {
+                    (Some(target), _) => array_of(p, &key, target)?,
+                    (None, Some(cps)) => first_packs_target(p, &key, &original, &cps)?,
+                    (None, None) => return Err(bad_state(p, &key, "it names no target")),
+                };
                 (original, target, Some(flipped))
             }
             State::Group { .. } => return Err(bad_state(p, &key, "it names a group")),
         },
-        None if p.unsharded(dir, current)? => (current.clone(), p.plan(dir, current)?, None),
-        None => {
-            // Finished: only the state file's lock may be left, if the run was killed as
-            // it removed the state file.
-            p.src
-                .clear_stale_lock(&key)
-                .map_err(|e| ConvertError::store(p.src, &key, e))?;
-            return Ok(None);
-        }
+        None => match p.target_of(dir, current)? {
+            Some(target) => (current.clone(), target, None),
+            None => {
+                // Finished: only the state file's lock may be left, if the run was killed
+                // as it removed the state file.
+                p.src
+                    .clear_stale_lock(&key)
+                    .map_err(|e| ConvertError::store(p.src, &key, e))?;
+                return Ok(None);
+            }
+        },
     };
-    let cps = &target.index_format().chunks_per_shard;
-    let staging = layout_of(p, dir, &in_other_family(&original), cps)?;
+    let staging = in_other_family(&target);
     let plans = Plans {
         original,
         target,
@@ -231,12 +252,7 @@ fn plans(p: &Packer, dir: &Path, current: &ArrayMetadata) -> Result<Option<Plans
 /// A fresh start: nothing may lie where a shard is staged (it would be overwritten, then
 /// removed), and the state file is written before anything else.
 fn begin(p: &Packer, dir: &Path, plans: &Plans) -> Result<(), ConvertError> {
-    if let Some(key) = p
-        .array_files(dir, &plans.staging.sharded)?
-        .chunks
-        .keys()
-        .next()
-    {
+    if let Some(key) = p.array_files(dir, &plans.staging)?.chunks.keys().next() {
         return Err(ConvertError::InTheWay(p.src.describe(&dir.join(key))));
     }
     if p.opts.dry_run {
@@ -250,22 +266,23 @@ impl Plans {
     fn state(&self, flipped: bool) -> State {
         State::Array {
             original: Node::Array(self.original.clone()).to_value(),
-            chunks_per_shard: self.target.index_format().chunks_per_shard.clone(),
+            target: Some(Node::Array(self.target.clone()).to_value()),
+            chunks_per_shard: None,
             flipped,
         }
     }
 }
 
-fn layout_of(
+/// The target of a state file from the first packs in place: sharded with `cps`.
+fn first_packs_target(
     p: &Packer,
-    dir: &Path,
-    meta: &ArrayMetadata,
+    key: &Path,
+    original: &ArrayMetadata,
     cps: &[u64],
-) -> Result<PackPlan, ConvertError> {
-    plan_pack(meta, cps).map_err(|source| ConvertError::Layout {
-        what: p.src.describe(&dir.join(METADATA_FILE)),
-        source,
-    })
+) -> Result<ArrayMetadata, ConvertError> {
+    plan_pack(original, cps)
+        .map(|plan| plan.sharded)
+        .map_err(|e| bad_state(p, key, &e.to_string()))
 }
 
 fn read_state(p: &Packer, key: &Path, bytes: &[u8]) -> Result<State, ConvertError> {
@@ -360,37 +377,42 @@ fn in_other_family(meta: &ArrayMetadata) -> ArrayMetadata {
     out
 }
 
-/// Step 1: every shard under the other family's keys, durably. Shards a stopped run
+/// Step 1: every new object under the other family's keys, durably. Objects a stopped run
 /// staged go first: a chunk removed since must not come back from one.
 fn stage(p: &Packer, dir: &Path, plans: &Plans) -> Result<(), ConvertError> {
-    for staged in p.array_files(dir, &plans.staging.sharded)?.chunks.keys() {
+    for staged in p.array_files(dir, &plans.staging)?.chunks.keys() {
         delete(p, &dir.join(staged))?;
     }
-    let shards = staged_shards(p, dir, plans)?;
-    p.write_shards(dir, &plans.staging, &shards)
+    let work = staged_work(p, dir, plans)?;
+    p.write_units(dir, &work)
 }
 
-/// The shards to stage, from the chunk files there now, counted in the summary.
-fn staged_shards(p: &Packer, dir: &Path, plans: &Plans) -> Result<Vec<ShardPlan>, ConvertError> {
-    let files = p.array_files(dir, &plans.original)?;
-    let shards = files.shards(&plans.staging);
-    p.note_array(dir, &plans.target, files.chunks.len(), shards.len());
-    Ok(shards)
+/// The objects to stage, from the objects there now, counted in the summary.
+fn staged_work(p: &Packer, dir: &Path, plans: &Plans) -> Result<Work, ConvertError> {
+    let work = p.work(dir, &plans.original, &plans.staging)?;
+    p.note_array(dir, &work);
+    Ok(work)
 }
 
-/// Step 3: the chunk files go, and each staged shard is copied to its own key.
+/// Step 3: the old objects go, and each staged one is copied to its own key.
 fn swap(p: &Packer, dir: &Path, plans: &Plans) -> Result<(), ConvertError> {
-    for key in p.array_files(dir, &plans.original)?.chunks.keys() {
+    // A rerun finds objects of both layouts under the array's own keys: the old ones, and
+    // new ones copied before the stop (copied again below).
+    let own = [&plans.original, &plans.target];
+    for key in p
+        .array_files_within(dir, &plans.original, &own)?
+        .chunks
+        .keys()
+    {
         delete(p, &dir.join(key))?;
     }
-    let keys =
-        ChunkKeyEncoding::from_metadata(&plans.target.sharded.chunk_key_encoding).map_err(|e| {
-            ConvertError::State {
-                what: p.src.describe(&dir.join(METADATA_FILE)),
-                why: e.to_string(),
-            }
-        })?;
-    for (staged, shard) in p.array_files(dir, &plans.staging.sharded)?.chunks {
+    let keys = ChunkKeyEncoding::from_metadata(&plans.target.chunk_key_encoding).map_err(|e| {
+        ConvertError::State {
+            what: p.src.describe(&dir.join(METADATA_FILE)),
+            why: e.to_string(),
+        }
+    })?;
+    for (staged, shard) in p.array_files(dir, &plans.staging)?.chunks {
         if let Some(bytes) = p.get(p.src, &dir.join(&staged))? {
             p.put(&dir.join(keys.encode(&shard)), &[bytes])?;
         }
@@ -398,9 +420,9 @@ fn swap(p: &Packer, dir: &Path, plans: &Plans) -> Result<(), ConvertError> {
     Ok(())
 }
 
-/// Step 4: the staged shards and the state file go.
+/// Step 4: the staged objects and the state file go.
 fn clean(p: &Packer, dir: &Path, plans: &Plans) -> Result<(), ConvertError> {
-    for staged in p.array_files(dir, &plans.staging.sharded)?.chunks.keys() {
+    for staged in p.array_files(dir, &plans.staging)?.chunks.keys() {
         delete(p, &dir.join(staged))?;
     }
     p.src

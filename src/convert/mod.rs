@@ -1,12 +1,15 @@
-//! Bringing existing data into shards (`shardfs pack`): the chunks' encoded bytes move from
-//! chunk files into shards without being decoded, so a conversion costs about one read and
-//! one write of the data. Source and destination are [`Store`]s: a directory or an object
-//! store, on either side.
+//! Bringing existing data into shards and out again (`shardfs pack`, `unpack`, `reshard`):
+//! the chunks' encoded bytes move between chunk files and shards without being decoded, so
+//! a conversion costs about one read and one write of the data. Source and destination are
+//! [`Store`]s: a directory or an object store, on either side.
 //!
-//! `plan.rs` (pure): which chunk keys of an unsharded array go into which shard, at which
-//! position, and the sharded metadata. `pack.rs`: walking a hierarchy and writing the
-//! shards, in parallel. `in_place.rs`: packing where the array lies, and its crash rule. Called by the command line (`cli/convert.rs`).
+//! `plan.rs` (pure): what each array becomes, and which chunks go into which shard at which
+//! position. `chunks.rs`: where an array's chunks are now, and reading them. `pack.rs`:
+//! walking a hierarchy and writing each array's new objects, in parallel. `in_place.rs`:
+//! converting where the array lies, and its crash rule. `v2.rs` (pure): Zarr v2 metadata as
+//! v3. Called by the command line (`cli/convert.rs`).
 
+pub mod chunks;
 pub mod in_place;
 pub mod pack;
 pub mod plan;
@@ -19,9 +22,12 @@ use thiserror::Error;
 use crate::store::{Store, StoreError};
 use crate::zarr::{LayoutError, MetadataError, PolicyError, ShardPolicy};
 
-/// How to pack.
+/// How to convert.
 #[derive(Clone, Debug)]
 pub struct Options {
+    pub goal: plan::Goal,
+    /// Raw chunks (no compressor in their codecs) are compressed with zstd at this level.
+    pub compress: Option<i32>,
     /// Chunks per shard of each array packed.
     pub policy: ShardPolicy,
     /// Or the shards' shape in elements (a multiple of each array's chunk shape).
@@ -50,6 +56,8 @@ pub enum ConvertError {
         shape: Vec<u64>,
         chunks: Vec<u64>,
     },
+    #[error("{what}: a damaged shard ({why}); see `shardfs verify`")]
+    Damaged { what: String, why: String },
     #[error(
         "{0}: only plain files and directories can be packed (a link, a special file, or a name that is not UTF-8); move it away first"
     )]
@@ -93,12 +101,24 @@ impl ConvertError {
     }
 }
 
-/// What a pack did (or, dry, would do).
+/// A layout error found before its place is known (`Packer::target_of` names it).
+impl From<LayoutError> for ConvertError {
+    fn from(source: LayoutError) -> ConvertError {
+        ConvertError::Layout {
+            what: String::new(),
+            source,
+        }
+    }
+}
+
+/// What a conversion did (or, dry, would do).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Summary {
     pub arrays: Vec<PackedArray>,
-    /// Bytes of chunks copied into shards.
+    /// Bytes of chunks copied (as read).
     pub chunk_bytes: u64,
+    /// The same chunks' bytes as written (smaller when compressed on the way).
+    pub stored_bytes: u64,
     /// Other objects copied as they are (metadata, sharded arrays, other files).
     pub copied: u64,
     /// Packs in place that were stopped and are now finished (with the chunks per shard
@@ -124,7 +144,8 @@ pub struct PackedArray {
     /// Its directory, relative to the source's top.
     pub dir: PathBuf,
     pub chunks: u64,
-    /// Shards written (those holding at least one chunk).
+    /// Objects written: shards (those holding at least one chunk), or chunk files.
     pub shards: u64,
+    /// Of the array written; empty when it is unsharded.
     pub chunks_per_shard: Vec<u64>,
 }

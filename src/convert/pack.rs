@@ -1,8 +1,9 @@
-//! `pack`: every unsharded Zarr v3 array below the source becomes a sharded array in the
-//! destination, each shard built from the chunks' bytes as stored and written once; every
-//! other object (groups, arrays already sharded, files that are no chunk) is copied as it
-//! is. An array's `zarr.json` is written after its shards, so a destination holding an
-//! array's sharded metadata holds all its shards.
+//! Converting into a destination: every array below the source that the goal concerns
+//! (`plan::target_of`: unsharded ones for `pack`, sharded ones for `unpack` and `reshard`)
+//! is written in its new layout, each object (shard or chunk file) built from the chunks'
+//! bytes as stored and written once; every other object (groups, arrays left as they are,
+//! files that are no chunk) is copied as it is. An array's `zarr.json` is written after
+//! its objects, so a destination holding an array's new metadata holds all of them.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -10,7 +11,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use bytes::Bytes;
 
-use super::plan::{PackPlan, ShardPlan, plan_pack};
+use super::chunks::{ChunkAt, Conversion, Unit};
+use super::plan::{Goal, target_of};
 use super::v2;
 use super::{ConvertError, Options, Summary};
 use crate::limits::MAX_FILE_BYTES;
@@ -19,14 +21,14 @@ use crate::store::{Precondition, Store};
 use crate::sync::lock;
 use crate::zarr::layout::regular_chunk_shape;
 use crate::zarr::{
-    ArrayMetadata, ChunkKeyEncoding, GroupMetadata, LayoutError, METADATA_FILE, Node, ShardLayout,
+    ArrayMetadata, ChunkKeyEncoding, GroupMetadata, LayoutError, METADATA_FILE, Node,
     translate_consolidated,
 };
 
 /// Progress, as shards are written: (shards done, shards in all, chunk bytes copied).
 pub type Progress<'a> = &'a (dyn Fn(u64, u64, u64) + Sync);
 
-/// Packs everything below `src` into the empty `dst` (`None`: a dry run's destination
+/// Converts everything below `src` into the empty `dst` (`None`: a dry run's destination
 /// that does not exist yet).
 pub fn pack(
     src: &dyn Store,
@@ -63,7 +65,7 @@ pub fn pack(
     Ok(packer.into_summary())
 }
 
-/// Packing's steps, shared by `pack` into a destination and `in_place.rs`.
+/// A conversion's steps, shared by converting into a destination and `in_place.rs`.
 pub(super) struct Packer<'a> {
     pub(super) src: &'a dyn Store,
     dst: Option<&'a dyn Store>,
@@ -86,11 +88,14 @@ pub(super) struct ArrayFiles {
     pub(super) others: Vec<PathBuf>,
 }
 
-impl ArrayFiles {
-    /// The shards of `plan` holding these chunks.
-    pub(super) fn shards(&self, plan: &PackPlan) -> Vec<ShardPlan> {
-        plan.shards_of(self.chunks.iter().map(|(k, c)| (c.clone(), k.clone())))
-    }
+/// What converting one array writes.
+pub(super) struct Work {
+    conversion: Conversion,
+    units: Vec<Unit>,
+    /// The chunks moved.
+    chunks: usize,
+    /// What else lies below the array (copied as it is into a destination).
+    others: Vec<PathBuf>,
 }
 
 impl<'a> Packer<'a> {
@@ -127,14 +132,17 @@ impl<'a> Packer<'a> {
             return Err(ConvertError::Unfinished(self.src.describe(dir)));
         }
         let has = |name: &str| listing.objects.iter().any(|o| o == name);
-        if !has(METADATA_FILE) && (has(v2::ZARRAY) || has(v2::ZGROUP)) {
+        let v2 = !has(METADATA_FILE) && (has(v2::ZARRAY) || has(v2::ZGROUP));
+        if v2 && self.opts.goal == Goal::Pack {
             return self.walk_v2(dir, &listing, has(v2::ZARRAY));
         }
         let mut copy_document = has(METADATA_FILE);
         if copy_document {
             match self.node(dir)? {
-                Node::Array(meta) if self.unsharded(dir, &meta)? => {
-                    return self.pack_array(dir, &meta);
+                Node::Array(meta) => {
+                    if let Some(to) = self.target_of(dir, &meta)? {
+                        return self.convert_array(dir, &meta, &to);
+                    }
                 }
                 Node::Group(group) if group.consolidated_entries().is_some() => {
                     lock(&self.consolidated).push((dir.to_path_buf(), group));
@@ -176,7 +184,10 @@ impl<'a> Packer<'a> {
         if is_array {
             let zarray = read(v2::ZARRAY)?.unwrap_or_default();
             let meta = v2::array(&zarray, attrs.as_deref()).map_err(v2_error)?;
-            return self.pack_array(dir, &meta);
+            return match self.target_of(dir, &meta)? {
+                Some(to) => self.convert_array(dir, &meta, &to),
+                None => Err(v2_error("it is not an unsharded array".into())),
+            };
         }
         let group = v2::group(attrs.as_deref()).map_err(v2_error)?;
         let v2_names = [v2::ZGROUP, v2::ZATTRS, v2::ZMETADATA];
@@ -227,13 +238,24 @@ impl<'a> Packer<'a> {
         }
     }
 
-    /// Whether the array at `dir` is unsharded (one that cannot be read is refused).
-    pub(super) fn unsharded(&self, dir: &Path, meta: &ArrayMetadata) -> Result<bool, ConvertError> {
-        let sharded = ShardLayout::of(meta).map_err(|source| ConvertError::Layout {
-            what: self.src.describe(&dir.join(METADATA_FILE)),
-            source,
-        })?;
-        Ok(sharded.is_none())
+    /// What the array at `dir` becomes (`None`: it stays as it is); one that cannot be
+    /// read is refused.
+    pub(super) fn target_of(
+        &self,
+        dir: &Path,
+        meta: &ArrayMetadata,
+    ) -> Result<Option<ArrayMetadata>, ConvertError> {
+        let what = || self.src.describe(&dir.join(METADATA_FILE));
+        target_of(self.opts.goal, meta, self.opts.compress, |plain| {
+            self.chunks_per_shard(dir, plain)
+        })
+        .map_err(|e| match e {
+            ConvertError::Layout { source, .. } => ConvertError::Layout {
+                what: what(),
+                source,
+            },
+            e => e,
+        })
     }
 
     /// Writes the documents of groups with consolidated metadata, last (once every array
@@ -255,16 +277,19 @@ impl<'a> Packer<'a> {
         Ok(())
     }
 
-    fn pack_array(&self, dir: &Path, meta: &ArrayMetadata) -> Result<(), ConvertError> {
-        let plan = self.plan(dir, meta)?;
-        let files = self.array_files(dir, meta)?;
-        let shards = files.shards(&plan);
-        self.note_array(dir, &plan, files.chunks.len(), shards.len());
+    fn convert_array(
+        &self,
+        dir: &Path,
+        from: &ArrayMetadata,
+        to: &ArrayMetadata,
+    ) -> Result<(), ConvertError> {
+        let work = self.work(dir, from, to)?;
+        self.note_array(dir, &work);
         if self.opts.dry_run {
             return Ok(());
         }
-        self.write_shards(dir, &plan, &shards)?;
-        for other in &files.others {
+        self.write_units(dir, &work)?;
+        for other in &work.others {
             // A v2 array's own documents: its v3 `zarr.json` replaces them.
             let v2_document = [v2::ZARRAY, v2::ZATTRS]
                 .iter()
@@ -273,49 +298,82 @@ impl<'a> Packer<'a> {
                 self.copy(other)?;
             }
         }
-        let doc = Node::Array(plan.sharded.clone()).to_json_bytes();
+        let doc = Node::Array(to.clone()).to_json_bytes();
         self.put(&dir.join(METADATA_FILE), &[Bytes::from(doc)])?;
-        lock(&self.packed).insert(dir.to_path_buf(), plan.sharded);
+        lock(&self.packed).insert(dir.to_path_buf(), to.clone());
         Ok(())
     }
 
-    /// Counts an array packed (or planned) in the summary.
-    pub(super) fn note_array(&self, dir: &Path, plan: &PackPlan, chunks: usize, shards: usize) {
+    /// The objects to write to bring the array at `dir` from `from` to `to`, from the
+    /// chunks there now.
+    pub(super) fn work(
+        &self,
+        dir: &Path,
+        from: &ArrayMetadata,
+        to: &ArrayMetadata,
+    ) -> Result<Work, ConvertError> {
+        let conversion = Conversion::between(from, to).map_err(|source| ConvertError::Layout {
+            what: self.src.describe(&dir.join(METADATA_FILE)),
+            source,
+        })?;
+        let files = self.array_files(dir, from)?;
+        let located = conversion.locate(self.src, dir, &files.chunks)?;
+        let chunks = located.len();
+        Ok(Work {
+            units: conversion.units(located),
+            conversion,
+            chunks,
+            others: files.others,
+        })
+    }
+
+    /// Counts an array converted (or planned) in the summary.
+    pub(super) fn note_array(&self, dir: &Path, work: &Work) {
+        let cps = work
+            .conversion
+            .to_shards()
+            .map(|plan| plan.index_format().chunks_per_shard.clone())
+            .unwrap_or_default();
+        let written = match work.conversion.to_shards() {
+            Some(_) => work.units.len(),
+            None => work.chunks,
+        };
         lock(&self.summary).arrays.push(super::PackedArray {
             dir: dir.to_path_buf(),
-            chunks: chunks as u64,
-            shards: shards as u64,
-            chunks_per_shard: plan.index_format().chunks_per_shard.clone(),
+            chunks: work.chunks as u64,
+            shards: written as u64,
+            chunks_per_shard: cps,
         });
     }
 
-    pub(super) fn plan(&self, dir: &Path, meta: &ArrayMetadata) -> Result<PackPlan, ConvertError> {
+    /// Chunks per shard of the unsharded array `plain` at `dir`, as the options say.
+    fn chunks_per_shard(
+        &self,
+        dir: &Path,
+        plain: &ArrayMetadata,
+    ) -> Result<Vec<u64>, ConvertError> {
         let what = || self.src.describe(&dir.join(METADATA_FILE));
-        let chunk_shape = regular_chunk_shape(meta).map_err(|source| ConvertError::Layout {
+        let chunk_shape = regular_chunk_shape(plain).map_err(|source| ConvertError::Layout {
             what: what(),
             source,
         })?;
-        let cps = match &self.opts.shard_shape {
-            Some(shape) => chunks_per_shard_of(shape, &chunk_shape).ok_or_else(|| {
-                ConvertError::ShardShape {
+        match &self.opts.shard_shape {
+            Some(shape) => {
+                chunks_per_shard_of(shape, &chunk_shape).ok_or_else(|| ConvertError::ShardShape {
                     what: what(),
                     shape: shape.clone(),
                     chunks: chunk_shape.clone(),
-                }
-            })?,
+                })
+            }
             None => self
                 .opts
                 .policy
-                .chunks_per_shard(&meta.shape, &chunk_shape, meta.item_size())
+                .chunks_per_shard(&plain.shape, &chunk_shape, plain.item_size())
                 .map_err(|source| ConvertError::Policy {
                     what: what(),
                     source,
-                })?,
-        };
-        plan_pack(meta, &cps).map_err(|source| ConvertError::Layout {
-            what: what(),
-            source,
-        })
+                }),
+        }
     }
 
     /// Every object below the array's directory, sorted into chunks and others.
@@ -324,17 +382,33 @@ impl<'a> Packer<'a> {
         dir: &Path,
         meta: &ArrayMetadata,
     ) -> Result<ArrayFiles, ConvertError> {
+        self.array_files_within(dir, meta, &[meta])
+    }
+
+    /// Every object below the array's directory, sorted into chunks (keys of `meta`'s key
+    /// encoding inside the grid of any of `layouts`: a conversion in place stopped after
+    /// its flip holds objects of two layouts) and others.
+    pub(super) fn array_files_within(
+        &self,
+        dir: &Path,
+        meta: &ArrayMetadata,
+        layouts: &[&ArrayMetadata],
+    ) -> Result<ArrayFiles, ConvertError> {
         let encoding = ChunkKeyEncoding::from_metadata(&meta.chunk_key_encoding).map_err(|e| {
             ConvertError::Layout {
                 what: self.src.describe(&dir.join(METADATA_FILE)),
                 source: crate::zarr::LayoutError::KeyEncoding(e),
             }
         })?;
-        let grid: Vec<u64> = meta
-            .shape
+        let grids: Vec<Vec<u64>> = layouts
             .iter()
-            .zip(regular_chunk_shape(meta).unwrap_or_default())
-            .map(|(s, c)| crate::grid::ceil_div(*s, c.max(1)))
+            .map(|m| {
+                m.shape
+                    .iter()
+                    .zip(regular_chunk_shape(m).unwrap_or_default())
+                    .map(|(s, c)| crate::grid::ceil_div(*s, c.max(1)))
+                    .collect()
+            })
             .collect();
         let mut files = ArrayFiles::default();
         let mut stack = vec![PathBuf::new()];
@@ -348,7 +422,7 @@ impl<'a> Packer<'a> {
                 let chunk = encoding
                     .decode(&text, meta.ndim())
                     .ok()
-                    .filter(|c| crate::grid::inside(c, &grid));
+                    .filter(|c| grids.iter().any(|g| crate::grid::inside(c, g)));
                 match chunk {
                     Some(coords) => drop(files.chunks.insert(text, coords)),
                     None if key == Path::new(METADATA_FILE) => {}
@@ -362,40 +436,36 @@ impl<'a> Packer<'a> {
         Ok(files)
     }
 
-    /// Builds and writes `shards`, `opts.jobs` at once.
-    pub(super) fn write_shards(
-        &self,
-        dir: &Path,
-        plan: &PackPlan,
-        shards: &[ShardPlan],
-    ) -> Result<(), ConvertError> {
+    /// Builds and writes the objects of `work`, `opts.jobs` at once.
+    pub(super) fn write_units(&self, dir: &Path, work: &Work) -> Result<(), ConvertError> {
+        let units = &work.units;
         let next = AtomicUsize::new(0);
         let done = AtomicU64::new(0);
         let bytes = AtomicU64::new(0);
         let failed: Mutex<Option<ConvertError>> = Mutex::default();
-        let work = || {
+        let run = || {
             while lock(&failed).is_none() {
                 let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(shard) = shards.get(i) else { break };
-                match self.write_shard(dir, plan, shard) {
+                let Some(unit) = units.get(i) else { break };
+                match self.write_unit(dir, &work.conversion, unit) {
                     Ok(n) => {
                         bytes.fetch_add(n, Ordering::Relaxed);
                         let d = done.fetch_add(1, Ordering::Relaxed) + 1;
-                        (self.progress)(d, shards.len() as u64, bytes.load(Ordering::Relaxed));
+                        (self.progress)(d, units.len() as u64, bytes.load(Ordering::Relaxed));
                     }
                     Err(e) => *lock(&failed) = Some(e),
                 }
             }
         };
         let result = std::thread::scope(|scope| {
-            let workers: Vec<_> = (0..self.opts.jobs.clamp(1, shards.len().max(1)))
-                .map(|_| scope.spawn(work))
+            let workers: Vec<_> = (0..self.opts.jobs.clamp(1, units.len().max(1)))
+                .map(|_| scope.spawn(run))
                 .collect();
             workers.into_iter().map(|w| w.join()).collect::<Vec<_>>()
         });
         if result.iter().any(Result::is_err) {
             return Err(ConvertError::Panicked(format!(
-                "a worker packing {} panicked",
+                "a worker converting {} panicked",
                 self.src.describe(dir)
             )));
         }
@@ -406,26 +476,56 @@ impl<'a> Packer<'a> {
         Ok(())
     }
 
-    /// Builds one shard from its chunks as stored and writes it. Returns the chunk bytes.
-    fn write_shard(
+    /// Builds one object from its chunks as stored and writes it (chunk files: each).
+    /// Returns the chunk bytes read.
+    fn write_unit(
         &self,
         dir: &Path,
-        plan: &PackPlan,
-        shard: &ShardPlan,
+        conversion: &Conversion,
+        unit: &Unit,
     ) -> Result<u64, ConvertError> {
-        let mut builder = ShardBuilder::new(plan.index_format().clone());
-        let mut total = 0;
-        for (pos, key) in &shard.chunks {
-            // Gone since it was listed: a missing chunk, as in any reader's view.
-            if let Some(bytes) = self.get(self.src, &dir.join(key))? {
-                total += bytes.len() as u64;
-                builder.set(*pos, vec![bytes]);
+        let wanted: Vec<&ChunkAt> = match unit {
+            Unit::Shard { chunks, .. } => chunks.iter().map(|(_, at)| at).collect(),
+            Unit::Chunks(chunks) => chunks.iter().map(|(_, at)| at).collect(),
+        };
+        let fetched = conversion.fetch(self.src, dir, &wanted)?;
+        let read: u64 = fetched.iter().flatten().map(|b| b.len() as u64).sum();
+        let mut written = 0;
+        let mut encode = |bytes: Bytes| -> Result<Bytes, ConvertError> {
+            let out = match conversion.zstd {
+                Some(level) => zstd_compress(&bytes, level)
+                    .map_err(|e| ConvertError::store(self.src, dir, e.into()))?,
+                None => bytes,
+            };
+            written += out.len() as u64;
+            Ok(out)
+        };
+        match unit {
+            Unit::Shard { key, chunks } => {
+                let plan = conversion
+                    .to_shards()
+                    .ok_or_else(|| ConvertError::Panicked(format!("{}: no shard layout", key)))?;
+                let mut builder = ShardBuilder::new(plan.index_format().clone());
+                // Gone since it was listed: a missing chunk, as in any reader's view.
+                for ((pos, _), bytes) in chunks.iter().zip(fetched) {
+                    if let Some(bytes) = bytes {
+                        builder.set(*pos, vec![encode(bytes)?]);
+                    }
+                }
+                if let Some(encoded) = builder.build() {
+                    self.put(&dir.join(key), encoded.buffers())?;
+                }
+            }
+            Unit::Chunks(chunks) => {
+                for ((key, _), bytes) in chunks.iter().zip(fetched) {
+                    if let Some(bytes) = bytes {
+                        self.put(&dir.join(key), &[encode(bytes)?])?;
+                    }
+                }
             }
         }
-        if let Some(encoded) = builder.build() {
-            self.put(&dir.join(&shard.key), encoded.buffers())?;
-        }
-        Ok(total)
+        lock(&self.summary).stored_bytes += written;
+        Ok(read)
     }
 
     fn copy(&self, key: &Path) -> Result<(), ConvertError> {
@@ -456,6 +556,11 @@ impl<'a> Packer<'a> {
         };
         put.map(drop).map_err(|e| ConvertError::store(dst, key, e))
     }
+}
+
+/// `bytes` compressed as one zstd frame (its content size in its header, as readers expect).
+fn zstd_compress(bytes: &[u8], level: i32) -> std::io::Result<Bytes> {
+    zstd::bulk::compress(bytes, level).map(Bytes::from)
 }
 
 /// Chunks per shard on each axis for shards of `shape` elements, if it is a non-zero

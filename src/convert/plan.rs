@@ -1,12 +1,83 @@
-//! The plan of a pack, pure (no I/O): the sharded metadata of an unsharded array, and for
-//! each shard its key and the chunk keys it takes, by position in its index. Chunks keep
-//! their codecs (they become the shard's inner codecs), so their bytes are copied as they
-//! are. Shards are named with the array's own key encoding, like its chunks: with the
+//! The plan of a conversion, pure (no I/O): what an array becomes (`target_of`: sharded,
+//! unsharded, resharded, raw chunks compressed), and for each shard its key and the chunks
+//! it takes, by position in its index. Chunks keep their codecs (they become the shard's
+//! inner codecs, or the unsharded array's codecs again), so their bytes are copied as they
+//! are; only `--compress` changes them, and only where nothing compressed them yet. Shards are named with the array's own key encoding, like its chunks: with the
 //! default encoding shard `(i, j)` and chunk `(i, j)` share the key `c/i/j`, which is why
 //! an in-place pack must never write a shard over a chunk file it has not taken yet.
 
 use crate::shard::IndexLocation;
-use crate::zarr::{ArrayMetadata, ChunkKeyEncoding, LayoutError, ShardLayout, sharded_with};
+use crate::zarr::layout::unsharded_view;
+use crate::zarr::{
+    ArrayMetadata, ChunkKeyEncoding, LayoutError, NamedConfig, ShardLayout, sharded_with,
+};
+
+/// What a conversion makes of the arrays it meets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Goal {
+    /// Unsharded arrays become sharded (`shardfs pack`).
+    Pack,
+    /// Sharded arrays become unsharded, a file per chunk (`shardfs unpack`).
+    Unpack,
+    /// Sharded arrays get another shard shape (`shardfs reshard`).
+    Reshard,
+}
+
+/// What the array `meta` becomes under `goal`; `None`: it stays as it is (already in that
+/// form, or not concerned). `chunks_per_shard` picks the shards of an unsharded form;
+/// `zstd`: raw chunks (no compressor in their codecs) get zstd at that level.
+pub fn target_of<E: From<LayoutError>>(
+    goal: Goal,
+    meta: &ArrayMetadata,
+    zstd: Option<i32>,
+    chunks_per_shard: impl FnOnce(&ArrayMetadata) -> Result<Vec<u64>, E>,
+) -> Result<Option<ArrayMetadata>, E> {
+    let sharded = ShardLayout::of(meta)?.is_some();
+    let plain = match (goal, sharded) {
+        (Goal::Pack, false) => meta.clone(),
+        (Goal::Unpack | Goal::Reshard, true) => unsharded_view(meta)?,
+        _ => return Ok(None),
+    };
+    let plain = match zstd {
+        Some(level) => compressed(&plain, level).unwrap_or(plain),
+        None => plain,
+    };
+    let target = match goal {
+        Goal::Unpack => plain,
+        _ => {
+            let cps = chunks_per_shard(&plain)?;
+            sharded_with(&plain, &cps, IndexLocation::End)?
+        }
+    };
+    Ok((target != *meta).then_some(target))
+}
+
+/// The unsharded array `meta` with its raw chunks compressed by zstd at `level`, if its
+/// codecs are raw: an optional `transpose` then `bytes`, nothing after (a compressor or a
+/// checksum already there is left as it is).
+pub fn compressed(meta: &ArrayMetadata, level: i32) -> Option<ArrayMetadata> {
+    let names: Vec<&str> = meta.codecs.iter().map(|c| c.name.as_str()).collect();
+    if !matches!(names.as_slice(), ["bytes"] | ["transpose", "bytes"]) {
+        return None;
+    }
+    let mut out = meta.clone();
+    let config = serde_json::json!({ "level": level, "checksum": false });
+    out.codecs.push(NamedConfig::new(ZSTD, Some(config)));
+    Some(out)
+}
+
+const ZSTD: &str = "zstd";
+
+/// The zstd level chunks get moving from the codecs `from` to the codecs `to` (both an
+/// array's chunks' own, unsharded): `Some` when `to` is `from` and zstd.
+pub fn zstd_added(from: &[NamedConfig], to: &[NamedConfig]) -> Option<i32> {
+    let (last, rest) = to.split_last()?;
+    (last.name == ZSTD && rest == from).then(|| {
+        last.config_value("level")
+            .and_then(serde_json::Value::as_i64)
+            .unwrap_or(3) as i32
+    })
+}
 
 /// What packing one array writes.
 #[derive(Debug)]
@@ -17,39 +88,44 @@ pub struct PackPlan {
     keys: ChunkKeyEncoding,
 }
 
-/// One shard: its grid coordinates, its key, and the chunks it takes.
+/// One shard: its grid coordinates, its key, and the chunks it takes (`T`: where each is
+/// now, its key in an unsharded array by default).
 #[derive(Debug, PartialEq, Eq)]
-pub struct ShardPlan {
+pub struct ShardPlan<T = String> {
     pub shard: Vec<u64>,
     pub key: String,
-    /// (position in the shard's index, the chunk's key in the unsharded array), by
-    /// position: the chunks that exist.
-    pub chunks: Vec<(usize, String)>,
+    /// (position in the shard's index, where the chunk is now), by position: the chunks
+    /// that exist.
+    pub chunks: Vec<(usize, T)>,
 }
 
 /// The plan for packing the unsharded array `meta` with `chunks_per_shard` chunks per
 /// shard on each axis, the index at the end (as zarr-python and tensorstore write it).
 pub fn plan_pack(meta: &ArrayMetadata, chunks_per_shard: &[u64]) -> Result<PackPlan, LayoutError> {
-    let sharded = sharded_with(meta, chunks_per_shard, IndexLocation::End)?;
-    let layout = ShardLayout::of(&sharded)?.ok_or(LayoutError::NotSharded)?;
-    let keys = layout.key_encoding;
-    Ok(PackPlan {
-        sharded,
-        layout,
-        keys,
-    })
+    PackPlan::of(sharded_with(meta, chunks_per_shard, IndexLocation::End)?)
 }
 
 impl PackPlan {
+    /// The plan of writing the sharded array `sharded`.
+    pub fn of(sharded: ArrayMetadata) -> Result<PackPlan, LayoutError> {
+        let layout = ShardLayout::of(&sharded)?.ok_or(LayoutError::NotSharded)?;
+        let keys = layout.key_encoding;
+        Ok(PackPlan {
+            sharded,
+            layout,
+            keys,
+        })
+    }
+
     /// The shards holding the chunks at `chunks` (coordinates and key, each inside the
     /// array), in C order of the shard grid, each with its chunks by position. Only shards
     /// with a chunk are planned: an array of 10^12 mostly missing chunks costs what it
     /// holds, not what its grid spans.
-    pub fn shards_of(
+    pub fn shards_of<T: Ord>(
         &self,
-        chunks: impl IntoIterator<Item = (Vec<u64>, String)>,
-    ) -> Vec<ShardPlan> {
-        let mut by_shard: std::collections::BTreeMap<Vec<u64>, Vec<(usize, String)>> =
+        chunks: impl IntoIterator<Item = (Vec<u64>, T)>,
+    ) -> Vec<ShardPlan<T>> {
+        let mut by_shard: std::collections::BTreeMap<Vec<u64>, Vec<(usize, T)>> =
             Default::default();
         for (coords, key) in chunks {
             let at = self.layout.locate(&coords);
@@ -189,5 +265,75 @@ mod tests {
             plan_pack(&plan.sharded, &[2]),
             Err(LayoutError::AlreadySharded)
         ));
+    }
+
+    fn raw(encoding: &str) -> ArrayMetadata {
+        let mut meta = array("[8,8]", "[2,2]", encoding);
+        meta.codecs.truncate(1); // bytes only
+        meta
+    }
+
+    fn cps(_: &ArrayMetadata) -> Result<Vec<u64>, LayoutError> {
+        Ok(vec![2, 2])
+    }
+
+    #[test]
+    fn each_goal_concerns_only_its_arrays_and_unpack_undoes_pack() {
+        let plain = array("[8,8]", "[2,2]", DEFAULT);
+        let sharded = target_of(Goal::Pack, &plain, None, cps).unwrap().unwrap();
+        assert!(ShardLayout::of(&sharded).unwrap().is_some());
+        assert!(
+            target_of(Goal::Pack, &sharded, None, cps)
+                .unwrap()
+                .is_none()
+        );
+        assert!(
+            target_of(Goal::Unpack, &plain, None, cps)
+                .unwrap()
+                .is_none()
+        );
+        assert!(
+            target_of(Goal::Reshard, &plain, None, cps)
+                .unwrap()
+                .is_none()
+        );
+        let back = target_of(Goal::Unpack, &sharded, None, cps)
+            .unwrap()
+            .unwrap();
+        assert_eq!(back, plain, "unpacking gives back the unsharded document");
+        // The same shape again is nothing to do; another one is a new sharded document.
+        assert!(
+            target_of(Goal::Reshard, &sharded, None, cps)
+                .unwrap()
+                .is_none()
+        );
+        let other = |_: &ArrayMetadata| Ok::<_, LayoutError>(vec![4, 1]);
+        let re = target_of(Goal::Reshard, &sharded, None, other)
+            .unwrap()
+            .unwrap();
+        let layout = ShardLayout::of(&re).unwrap().unwrap();
+        assert_eq!(layout.index.chunks_per_shard, [4, 1]);
+        assert_eq!(unsharded_view(&re).unwrap(), plain, "the same inner chunks");
+    }
+
+    #[test]
+    fn zstd_is_added_to_raw_chunks_only() {
+        let squeezed = compressed(&raw(DEFAULT), 7).unwrap();
+        assert_eq!(zstd_added(&raw(DEFAULT).codecs, &squeezed.codecs), Some(7));
+        assert_eq!(zstd_added(&squeezed.codecs, &squeezed.codecs), None);
+        // Compressed already (zstd, or anything after `bytes`): left as it is.
+        let already = array("[8,8]", "[2,2]", DEFAULT);
+        assert!(compressed(&already, 7).is_none());
+        let packed = target_of(Goal::Pack, &already, Some(7), cps)
+            .unwrap()
+            .unwrap();
+        assert_eq!(unsharded_view(&packed).unwrap(), already);
+        let packed = target_of(Goal::Pack, &raw(V2_DOT), Some(7), cps)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            unsharded_view(&packed).unwrap(),
+            compressed(&raw(V2_DOT), 7).unwrap()
+        );
     }
 }

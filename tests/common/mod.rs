@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests: the pinned Python clients and the shardfs binary.
 #![allow(dead_code)]
 
+pub mod convert;
 pub mod cutfs;
 pub mod mount;
 pub mod proxy;

@@ -2,8 +2,10 @@
 
     pack_cases.py write SRC      a hierarchy of unsharded arrays (zarr-python and
                                  tensorstore: 1-D to 4-D, partial edge chunks, missing
-                                 chunks, '/' and '.' keys, compressed and raw), a sharded
-                                 array and a group with attributes
+                                 chunks, '/' and '.' keys, compressed and raw), sharded
+                                 arrays (zarr-python, index at the end; tensorstore,
+                                 index at the start, '.' keys, chunks missing) and a
+                                 group with attributes
     pack_cases.py reads SRC DST  every array reads equal with zarr-python (no consolidated
                                  metadata, which a pack in place sets aside meanwhile)
     pack_cases.py write_v2 SRC [filters]   Zarr v2 arrays and groups (see write_v2)
@@ -56,6 +58,20 @@ def write(src):
                                          {"name": "zstd", "configuration": {"level": 1}}]}},
                 create=True).result()
     t[0:32, :].write(values((32, 30), "int16")).result()  # row 2 of chunks stays missing
+    # Sharded by tensorstore with the index at the start and '.' keys, chunks missing.
+    inner = [{"name": "bytes", "configuration": {"endian": "little"}}]
+    index = inner + [{"name": "crc32c"}]
+    start = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": f"{src}/ts/start"},
+                     "metadata": {"shape": [20, 12, 9], "data_type": "uint16",
+                                  "chunk_grid": {"name": "regular",
+                                                 "configuration": {"chunk_shape": [8, 8, 6]}},
+                                  "chunk_key_encoding": {"name": "default",
+                                                         "configuration": {"separator": "."}},
+                                  "codecs": [{"name": "sharding_indexed", "configuration": {
+                                      "chunk_shape": [4, 4, 3], "codecs": inner,
+                                      "index_codecs": index, "index_location": "start"}}]}},
+                    create=True).result()
+    start[0:14, :, 0:7].write(values((14, 12, 7), "uint16")).result()
     zarr.open_group(f"{src}/ts", mode="a")
     # The top group's consolidated metadata lists every array as written (unsharded).
     zarr.consolidate_metadata(src)

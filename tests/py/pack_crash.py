@@ -1,11 +1,14 @@
-"""Random SIGKILLs of `shardfs pack SRC` (in place): after each kill every array must read
-equal to its pristine copy, and running the command again must finish the pack.
+"""Random SIGKILLs of a conversion in place (`shardfs pack SRC`, or `unpack`, `reshard`):
+after each kill every array must read equal to its pristine copy, and running the command
+again must finish the conversion.
 
-    pack_crash.py SHARDFS PRISTINE WORK TRIALS SEED
+    pack_crash.py SHARDFS PRISTINE WORK TRIALS SEED [COMMAND ARG...]
 
-PRISTINE holds arrays written by pack_cases.py. Between a kill and the rerun, a user
-sometimes writes into an array whose document is still unsharded. Prints a JSON report: trials, kills, and
-the kills that fell in each state (unsharded / staged / sharded with a state file left)."""
+PRISTINE holds arrays written by pack_cases.py (packed already, for unpack and reshard).
+COMMAND ARG... is the conversion (default: pack --chunks-per-shard 2); ROOT is added after
+the command. Between a kill and the rerun, a user sometimes writes into an array whose
+document is still the one it began with. Prints a JSON report: trials, kills, and the
+kills that fell in each state (before the flip with a state file / after it with one)."""
 import json
 import os
 import random
@@ -21,18 +24,21 @@ import zarr
 from pack_cases import arrays, compare
 
 
-def state_of(root):
+def document(root, name):
+    with open(os.path.join(root, name, "zarr.json")) as f:
+        return json.load(f)
+
+
+def state_of(pristine, root):
     """Which of the in-place steps the arrays of `root` are in."""
     states = set()
     for name in arrays(root):
-        with open(os.path.join(root, name, "zarr.json")) as f:
-            meta = json.load(f)
         leftover = os.path.exists(os.path.join(root, name, ".shardfs-pack.json"))
-        if meta["codecs"][0]["name"] != "sharding_indexed":
-            states.add("unsharded" + (" (staging)" if leftover else ""))
-        elif leftover:
-            states.add("sharded (finishing)")
-    return sorted(states) or ["done"]
+        if not leftover:
+            continue
+        flipped = document(root, name) != document(pristine, name)
+        states.add("after the flip (finishing)" if flipped else "before the flip (staging)")
+    return sorted(states) or ["no state file"]
 
 
 def reads_equal(expected, root):
@@ -41,13 +47,12 @@ def reads_equal(expected, root):
         assert a.dtype == b.dtype and np.array_equal(a, b), f"{name} differs after a kill"
 
 
-def write_while_stopped(rng, expected, root):
+def write_while_stopped(rng, expected, pristine, root):
     """A user's write between a kill and the rerun, into an array not yet flipped (its
-    document still unsharded): a rerun must pack what the array holds then."""
+    document still the one it began with): a rerun must convert what it holds then."""
     path = os.path.join(root, "zp/two")
-    with open(os.path.join(path, "zarr.json")) as f:
-        if json.load(f)["codecs"][0]["name"] == "sharding_indexed":
-            return False
+    if document(root, "zp/two") != document(pristine, "zp/two"):
+        return False
     # Half the time the fill value: zarr-python removes those chunk files.
     value = rng.choice([0, rng.randrange(1, 256)])
     a = zarr.open_array(path, mode="r+")
@@ -56,12 +61,17 @@ def write_while_stopped(rng, expected, root):
     return True
 
 
+COMMAND = ["pack", "--chunks-per-shard", "2"]
+
+
 def pack(shardfs, root):
-    return subprocess.Popen([shardfs, "pack", root, "--chunks-per-shard", "2", "--jobs", "2"],
+    return subprocess.Popen([shardfs, COMMAND[0], root, *COMMAND[1:], "--jobs", "2"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-def main(shardfs, pristine, work, trials, seed):
+def main(shardfs, pristine, work, trials, seed, *command):
+    if command:
+        COMMAND[:] = command
     rng = random.Random(int(seed))
     names = arrays(pristine)
     # How long an uninterrupted pack takes here: kills fall anywhere inside it.
@@ -84,10 +94,10 @@ def main(shardfs, pristine, work, trials, seed):
                 p.send_signal(signal.SIGKILL)
                 p.wait()
                 kills += 1
-                for s in state_of(root):
+                for s in state_of(pristine, root):
                     seen[s] = seen.get(s, 0) + 1
                 reads_equal(expected, root)
-                if rng.random() < 0.3 and write_while_stopped(rng, expected, root):
+                if rng.random() < 0.3 and write_while_stopped(rng, expected, pristine, root):
                     writes += 1
                 continue
             assert p.returncode == 0, p.stderr.read().decode()

@@ -1,0 +1,246 @@
+//! Where an array's chunks are now (each in its own file, or at a position in a shard) and
+//! the work of moving them into another layout: a shard built from chunks, or chunk files
+//! cut from a shard. The bytes are read as stored; the index of a shard is read again when
+//! its chunks are, from the same pinned version as they are, so a shard replaced
+//! meanwhile is never read at the old one's offsets.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use bytes::Bytes;
+
+use super::ConvertError;
+use super::plan::{PackPlan, zstd_added};
+use crate::limits::MAX_FILE_BYTES;
+use crate::shard::{ShardIndex, read_index};
+use crate::store::Store;
+use crate::zarr::layout::unsharded_view;
+use crate::zarr::{ArrayMetadata, ChunkKeyEncoding, LayoutError, ShardLayout};
+
+/// Where a chunk's encoded bytes are now.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ChunkAt {
+    /// Its own file, by key below the array's directory.
+    File(String),
+    /// Inside the shard file `key`, at `pos` in its index.
+    Shard { key: String, pos: usize },
+}
+
+/// One object to write: a shard built from chunks (by position in its index), or chunk
+/// files (by key) cut from one shard.
+pub enum Unit {
+    Shard {
+        key: String,
+        chunks: Vec<(usize, ChunkAt)>,
+    },
+    Chunks(Vec<(String, ChunkAt)>),
+}
+
+/// Moving an array's chunks from the layout of `from` to that of `to`.
+pub struct Conversion {
+    /// The layout read: `None` when the chunks are files.
+    from: Option<ShardLayout>,
+    /// The layout written: `None` when the chunks become files (named by `to_keys`).
+    to: Option<PackPlan>,
+    to_keys: ChunkKeyEncoding,
+    /// Chunks are compressed on the way, at this zstd level.
+    pub zstd: Option<i32>,
+}
+
+impl Conversion {
+    pub fn between(from: &ArrayMetadata, to: &ArrayMetadata) -> Result<Conversion, LayoutError> {
+        let from_layout = ShardLayout::of(from)?;
+        let to_plan = match ShardLayout::of(to)? {
+            Some(_) => Some(PackPlan::of(to.clone())?),
+            None => None,
+        };
+        let plain = |meta: &ArrayMetadata, sharded: bool| match sharded {
+            true => unsharded_view(meta).map(|m| m.codecs),
+            false => Ok(meta.codecs.clone()),
+        };
+        let zstd = zstd_added(
+            &plain(from, from_layout.is_some())?,
+            &plain(to, to_plan.is_some())?,
+        );
+        Ok(Conversion {
+            from: from_layout,
+            to: to_plan,
+            to_keys: ChunkKeyEncoding::from_metadata(&to.chunk_key_encoding)
+                .map_err(LayoutError::KeyEncoding)?,
+            zstd,
+        })
+    }
+
+    /// The index format of the shards written, if any.
+    pub fn to_shards(&self) -> Option<&PackPlan> {
+        self.to.as_ref()
+    }
+
+    /// The chunks at `objects` (the array's chunk files, or its shard files, by key →
+    /// grid coordinates) as (chunk coordinates, where): a shard's index is read for it.
+    pub fn locate(
+        &self,
+        store: &dyn Store,
+        dir: &Path,
+        objects: &BTreeMap<String, Vec<u64>>,
+    ) -> Result<Vec<(Vec<u64>, ChunkAt)>, ConvertError> {
+        let Some(layout) = &self.from else {
+            return Ok(objects
+                .iter()
+                .map(|(key, coords)| (coords.clone(), ChunkAt::File(key.clone())))
+                .collect());
+        };
+        let mut out = Vec::new();
+        for (key, shard) in objects {
+            let Some((index, _)) = read_shard(store, &dir.join(key), layout)? else {
+                continue; // gone since it was listed
+            };
+            out.extend(index.present().map(|(pos, _)| {
+                let at = ChunkAt::Shard {
+                    key: key.clone(),
+                    pos,
+                };
+                (layout.chunk_coords(shard, pos), at)
+            }));
+        }
+        Ok(out)
+    }
+
+    /// The objects to write for the chunks `located`: shards, or (to chunk files) one unit
+    /// per shard read.
+    pub fn units(&self, located: Vec<(Vec<u64>, ChunkAt)>) -> Vec<Unit> {
+        if let Some(plan) = &self.to {
+            return plan
+                .shards_of(located)
+                .into_iter()
+                .map(|s| Unit::Shard {
+                    key: s.key,
+                    chunks: s.chunks,
+                })
+                .collect();
+        }
+        let mut by_source: BTreeMap<String, Vec<(String, ChunkAt)>> = BTreeMap::new();
+        for (coords, at) in located {
+            let source = match &at {
+                ChunkAt::File(key) | ChunkAt::Shard { key, .. } => key.clone(),
+            };
+            let key = self.to_keys.encode(&coords);
+            by_source.entry(source).or_default().push((key, at));
+        }
+        by_source.into_values().map(Unit::Chunks).collect()
+    }
+
+    /// The bytes of the chunks at `wanted` (`None`: gone since they were located), each
+    /// shard read once: its index, then the span of the chunks wanted from it.
+    pub fn fetch(
+        &self,
+        store: &dyn Store,
+        dir: &Path,
+        wanted: &[&ChunkAt],
+    ) -> Result<Vec<Option<Bytes>>, ConvertError> {
+        let mut by_shard: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+        for at in wanted {
+            if let ChunkAt::Shard { key, pos } = at {
+                by_shard.entry(key).or_default().push(*pos);
+            }
+        }
+        let mut spans = BTreeMap::new();
+        for (key, positions) in by_shard {
+            let layout = self.from.as_ref().ok_or_else(|| not_sharded(store, dir))?;
+            spans.insert(key, read_span(store, &dir.join(key), layout, &positions)?);
+        }
+        wanted
+            .iter()
+            .map(|at| match at {
+                ChunkAt::File(key) => get(store, &dir.join(key)),
+                ChunkAt::Shard { key, pos } => Ok(spans
+                    .get(key.as_str())
+                    .and_then(|span| span.as_ref()?.chunk(*pos))),
+            })
+            .collect()
+    }
+}
+
+/// The chunks read from one version of a shard: its index, and the bytes from the first
+/// chunk wanted to the end of the last.
+struct Span {
+    index: ShardIndex,
+    start: u64,
+    bytes: Bytes,
+}
+
+impl Span {
+    fn chunk(&self, pos: usize) -> Option<Bytes> {
+        let range = self.index.get(pos)?;
+        let from = range.offset.checked_sub(self.start)? as usize;
+        let to = from + range.nbytes as usize;
+        (to <= self.bytes.len()).then(|| self.bytes.slice(from..to))
+    }
+}
+
+/// The index of the shard at `key` (checked as any reader checks it) and the span of its
+/// chunks at `positions`; `None`: no such shard. A damaged shard is refused.
+fn read_span(
+    store: &dyn Store,
+    key: &Path,
+    layout: &ShardLayout,
+    positions: &[usize],
+) -> Result<Option<Span>, ConvertError> {
+    let Some((index, blob)) = read_shard(store, key, layout)? else {
+        return Ok(None);
+    };
+    let ranges: Vec<_> = positions.iter().filter_map(|p| index.get(*p)).collect();
+    let start = ranges.iter().map(|r| r.offset).min().unwrap_or(0);
+    let end = ranges.iter().map(|r| r.end()).max().unwrap_or(0);
+    if end - start > MAX_FILE_BYTES {
+        let e = std::io::Error::from_raw_os_error(libc::EFBIG);
+        return Err(ConvertError::store(store, key, e.into()));
+    }
+    let mut bytes = vec![0u8; (end - start) as usize];
+    blob.read_exact_at(&mut bytes, start)
+        .map_err(|e| ConvertError::store(store, key, e.into()))?;
+    Ok(Some(Span {
+        index,
+        start,
+        bytes: Bytes::from(bytes),
+    }))
+}
+
+/// One version of a shard file, read at positions.
+type PinnedShard = std::sync::Arc<dyn crate::store::Blob>;
+
+/// A shard's validated index and the version of it the index was read from. `None`: no
+/// such shard.
+fn read_shard(
+    store: &dyn Store,
+    key: &Path,
+    layout: &ShardLayout,
+) -> Result<Option<(ShardIndex, PinnedShard)>, ConvertError> {
+    let blob = store
+        .open(key, layout.index.encoded_len())
+        .map_err(|e| ConvertError::store(store, key, e))?;
+    let Some(blob) = blob else {
+        return Ok(None);
+    };
+    let index = read_index(blob.as_ref(), blob.info().size, &layout.index).map_err(|e| {
+        ConvertError::Damaged {
+            what: store.describe(key),
+            why: e.to_string(),
+        }
+    })?;
+    Ok(Some((index, blob)))
+}
+
+fn get(store: &dyn Store, key: &Path) -> Result<Option<Bytes>, ConvertError> {
+    store
+        .get(key, MAX_FILE_BYTES)
+        .map(|o| o.map(|(b, _)| b))
+        .map_err(|e| ConvertError::store(store, key, e))
+}
+
+fn not_sharded(store: &dyn Store, dir: &Path) -> ConvertError {
+    ConvertError::Layout {
+        what: store.describe(dir),
+        source: LayoutError::NotSharded,
+    }
+}
