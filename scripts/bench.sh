@@ -7,6 +7,10 @@
 #   scripts/bench.sh fsync [--runs N]    tensorstore with its fsyncs, S1-S3 (the journal)
 #   scripts/bench.sh s3 [--runs N]       object store: S2, S3 through a mount of a local S3
 #                                        server against zarr-python straight to it
+#   scripts/bench.sh pack [--rounds N] [--quick]
+#                                        shardfs pack against cp -r, zarrs_reencode and cp -r
+#                                        into a mount; --compress zstd (scripts/bench_pack.py;
+#                                        installs zarrs_tools 0.8.1 into .tools/zarrs)
 # Prints JSON with medians and ratios. Uses the venv of scripts/test.sh (created if needed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +21,15 @@ if ! cmp -s scripts/requirements.txt "$venv/.shardfs-requirements" 2>/dev/null; 
     cp scripts/requirements.txt "$venv/.shardfs-requirements"
 fi
 cargo build --release --quiet
+if [ "${1:-}" = pack ]; then
+    shift
+    reencode="$PWD/.tools/zarrs/bin/zarrs_reencode"
+    if [ ! -x "$reencode" ]; then
+        cargo install --quiet --locked zarrs_tools --version 0.8.1 --root "$PWD/.tools/zarrs"
+    fi
+    exec "$venv/bin/python" scripts/bench_pack.py "$@" --shardfs "$PWD/target/release/shardfs" \
+        --zarrs-reencode "$reencode"
+fi
 if [ "${1:-}" = s3 ]; then
     shift
     exec "$venv/bin/python" scripts/bench_s3.py "$@" --shardfs "$PWD/target/release/shardfs"

@@ -103,9 +103,10 @@ pub fn run(goal: Goal, args: &CommonArgs, shards: Option<&ShardArgs>) -> ExitCod
     let opts = options(goal, args, shards);
     let started = Instant::now();
     let terminal = std::io::stderr().is_terminal();
+    let array_started = std::sync::Mutex::new(Instant::now());
     let progress = move |done: u64, all: u64, bytes: u64| {
         if terminal {
-            eprint!("\r{done}/{all} written, {} of chunks", mib(bytes));
+            eprint!("\r{}", progress_line(&array_started, done, all, bytes));
         }
     };
     let converted = match &target {
@@ -131,6 +132,22 @@ pub fn run(goal: Goal, args: &CommonArgs, shards: Option<&ShardArgs>) -> ExitCod
             ExitCode::from(1)
         }
     }
+}
+
+/// `done/all written, B MiB of chunks, R MiB/s, T s left` for the array being converted
+/// (`done` 0, as an array begins, restarts the clock).
+fn progress_line(started: &std::sync::Mutex<Instant>, done: u64, all: u64, bytes: u64) -> String {
+    let mut started = started.lock().unwrap_or_else(|e| e.into_inner());
+    if done == 0 {
+        *started = Instant::now();
+    }
+    let secs = started.elapsed().as_secs_f64().max(1e-3);
+    let left = (all - done.min(all)) as f64 * secs / done.max(1) as f64;
+    format!(
+        "{done}/{all} written, {} of chunks, {}/s, {left:.0} s left\x1b[K",
+        mib(bytes),
+        mib((bytes as f64 / secs) as u64)
+    )
 }
 
 fn command_name(goal: Goal) -> &'static str {

@@ -25,7 +25,8 @@ use crate::zarr::{
     translate_consolidated,
 };
 
-/// Progress, as shards are written: (shards done, shards in all, chunk bytes copied).
+/// Progress of an array, as its objects are written: (objects done, objects in all, chunk
+/// bytes copied); (0, all, 0) as it begins.
 pub type Progress<'a> = &'a (dyn Fn(u64, u64, u64) + Sync);
 
 /// Converts everything below `src` into the empty `dst` (`None`: a dry run's destination
@@ -443,6 +444,7 @@ impl<'a> Packer<'a> {
         let done = AtomicU64::new(0);
         let bytes = AtomicU64::new(0);
         let failed: Mutex<Option<ConvertError>> = Mutex::default();
+        (self.progress)(0, units.len() as u64, 0);
         let run = || {
             while lock(&failed).is_none() {
                 let i = next.fetch_add(1, Ordering::Relaxed);
