@@ -456,3 +456,45 @@ fn unpack_and_reshard_read_shards_from_each_object_store_and_write_into_it() {
         assert!(sharded_after(&src, &at("again")).iter().all(|(_, sh)| *sh));
     }
 }
+
+#[test]
+fn a_rerun_by_another_command_finishes_the_stopped_one_then_does_its_own() {
+    let (dir, src) = source();
+    let two = src.join("zp/two");
+    for (command, sharded) in [("unpack", false), ("reshard", true)] {
+        let work = dir.path().join(command);
+        common::copy_tree(&two, &work);
+        // A pack in place stopped right after its state file (as the first packs wrote
+        // it: chunks per shard, no target document).
+        let state = serde_json::json!({"kind": "array", "original": document(&two),
+            "chunks_per_shard": [2, 2], "flipped": false});
+        std::fs::write(work.join(".shardfs-pack.json"), state.to_string()).unwrap();
+        let mut args = vec![command, s(&work)];
+        if sharded {
+            args.extend(["--chunks-per-shard", "3"]);
+        }
+        let out = ok(&args);
+        assert!(
+            stdout(&out).starts_with("finished 1 stopped conversions in place"),
+            "{command}: {}",
+            stdout(&out)
+        );
+        let meta = document(&work);
+        assert_eq!(
+            meta["codecs"][0]["name"] == "sharding_indexed",
+            sharded,
+            "{command}"
+        );
+        if sharded {
+            assert_eq!(chunks_per_shard(&work), [3, 3]);
+        } else {
+            let mut files = contents(&work);
+            files.remove(Path::new("zarr.json"));
+            let mut before = contents(&two);
+            before.remove(Path::new("zarr.json"));
+            assert!(files == before, "unpacked: the very chunk files");
+        }
+        cases(&["reads", s(&two), s(&work)]);
+        assert!(leftovers(&work).is_empty(), "{:?}", leftovers(&work));
+    }
+}

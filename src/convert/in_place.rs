@@ -28,7 +28,7 @@
 //! document with a state file (or without: a fresh start) is 1, the target in the other
 //! family is 3, the target in its own family with a state file is 4. Each step may be
 //! repeated whole. A rerun finishes what the state file names (the conversion, its shards
-//! and compression), whichever command runs it.
+//! and compression), whichever command runs it, then does what it was asked.
 
 use std::path::Path;
 
@@ -174,6 +174,11 @@ fn array(p: &Packer, dir: &Path, current: &ArrayMetadata) -> Result<(), ConvertE
     }
     clean(p, dir, &plans)?;
     lock(&p.packed).insert(dir.to_path_buf(), plans.target);
+    if plans.resumed.is_some() {
+        // A stopped run is finished as it began; then comes what this run is asked for
+        // (the state file is gone: a fresh start, or nothing to do).
+        return array(p, dir, &p.node_array(dir)?);
+    }
     Ok(())
 }
 
