@@ -255,9 +255,9 @@ fn report(goal: Goal, s: &Summary, dry_run: bool, seconds: f64) {
     let stored = match s.stored_bytes == s.chunk_bytes {
         true => String::new(),
         false => format!(
-            ", stored as {} ({:.2}x smaller)",
+            ", stored as {}: {:.2} of that",
             mib(s.stored_bytes),
-            s.chunk_bytes as f64 / s.stored_bytes.max(1) as f64
+            s.stored_bytes as f64 / s.chunk_bytes.max(1) as f64
         ),
     };
     println!(

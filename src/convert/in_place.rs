@@ -89,17 +89,25 @@ pub fn convert_in_place(
         ..opts.clone()
     };
     let planned = Packer::new(store, Some(store), &dry, progress, true);
-    walk(&planned, Path::new(""))?;
+    walk(&planned, Path::new(""), &mut Vec::new())?;
     if opts.dry_run {
         return Ok(planned.into_summary());
     }
     let packer = Packer::new(store, Some(store), opts, progress, true);
-    walk(&packer, Path::new(""))?;
+    // The groups whose consolidated metadata this run sets aside stay held until it is
+    // put back: another run under them waits, so that none puts it back while another
+    // still converts an array it names.
+    let mut groups_held = Vec::new();
+    walk(&packer, Path::new(""), &mut groups_held)?;
     consolidate_again(&packer)?;
+    drop(groups_held);
     Ok(packer.into_summary())
 }
 
-fn walk(p: &Packer, dir: &Path) -> Result<(), ConvertError> {
+/// A key held by this run (`Store::hold`), until dropped.
+type Held = Option<Box<dyn std::any::Any>>;
+
+fn walk(p: &Packer, dir: &Path, groups_held: &mut Vec<Held>) -> Result<(), ConvertError> {
     let listing = p.list(dir)?;
     let has = |name: &str| listing.objects.iter().any(|o| o == name);
     let v2 = !has(METADATA_FILE) && (has(super::v2::ZARRAY) || has(super::v2::ZGROUP));
@@ -109,7 +117,13 @@ fn walk(p: &Packer, dir: &Path) -> Result<(), ConvertError> {
             why: "a Zarr v2 tree is packed into a destination, not in place".into(),
         });
     }
-    if listing.objects.iter().any(|o| o == METADATA_FILE) {
+    if has(STATE_FILE) && !has(METADATA_FILE) {
+        return Err(ConvertError::Interrupted {
+            what: p.src.describe(&dir.join(STATE_FILE)),
+            why: "the zarr.json beside it is gone since: put it back (the state file holds the original document)".into(),
+        });
+    }
+    if has(METADATA_FILE) {
         match p.node(dir)? {
             Node::Array(_) if p.opts.dry_run => return array(p, dir, &p.node_array(dir)?),
             Node::Array(_) => {
@@ -121,11 +135,23 @@ fn walk(p: &Packer, dir: &Path) -> Result<(), ConvertError> {
                     .map_err(|e| ConvertError::store(p.src, dir, e))?;
                 return array(p, dir, &p.node_array(dir)?);
             }
-            Node::Group(group) => set_aside_consolidated(p, dir, group)?,
+            Node::Group(group) if p.opts.dry_run => set_aside_consolidated(p, dir, group)?,
+            Node::Group(group) if has(STATE_FILE) || group.consolidated_entries().is_some() => {
+                // Held first (another run may be putting it back), then read again.
+                let held = p
+                    .src
+                    .hold(&dir.join(HOLD_KEY))
+                    .map_err(|e| ConvertError::store(p.src, dir, e))?;
+                groups_held.push(held);
+                if let Node::Group(group) = p.node(dir)? {
+                    set_aside_consolidated(p, dir, group)?;
+                }
+            }
+            Node::Group(_) => {}
         }
     }
     for name in &listing.dirs {
-        walk(p, &dir.join(name))?;
+        walk(p, &dir.join(name), groups_held)?;
     }
     Ok(())
 }
@@ -194,7 +220,12 @@ fn step_of(
 ) -> Result<Step, ConvertError> {
     let now = Node::Array(current.clone()).to_value();
     let is = |meta: &ArrayMetadata| Node::Array(meta.clone()).to_value() == now;
-    if is(&plans.original) && plans.resumed != Some(true) {
+    if is(&plans.original) && plans.resumed == Some(true) {
+        Err(ConvertError::Interrupted {
+            what: p.src.describe(&dir.join(METADATA_FILE)),
+            why: "its original document was put back after the flip, when its old objects may be gone already: put back the document naming the staged objects (the other key family), or check the array by hand".into(),
+        })
+    } else if is(&plans.original) {
         Ok(Step::Stage)
     } else if is(&plans.staging) {
         Ok(Step::Swap)

@@ -78,6 +78,8 @@ pub enum ConvertError {
         "{0}: changed while a pack in place of its array was stopped (it is none of the documents the pack writes); put it back as it was, or remove the array's .shardfs-pack.json and check the array by hand"
     )]
     Changed(String),
+    #[error("{what}: a conversion in place was stopped here, and {why}")]
+    Interrupted { what: String, why: String },
     #[error("{0} is not empty: pack writes into an empty destination")]
     NotEmpty(String),
     #[error(
