@@ -577,8 +577,9 @@ fn sweep_status_files(dir: Option<&Path>) {
 /// How long a daemon whose mount is gone keeps retrying writes that failed.
 const EXIT_RETRY: Duration = Duration::from_secs(30);
 
-/// Raises the soft limit on open files to the hard limit: shard files are opened per read.
-fn raise_fd_limit() {
+/// Raises the soft limit on open files to the hard limit: shard files are opened per read
+/// (and a conversion keeps the large chunk files of the shards it builds open).
+pub fn raise_fd_limit() {
     // SAFETY: getrlimit/setrlimit with a properly initialised struct.
     unsafe {
         let mut lim: libc::rlimit = std::mem::zeroed();

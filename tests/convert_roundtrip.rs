@@ -544,3 +544,47 @@ print(reads)
     );
     common::python_stdout(&script, "two reshards at once, the second killed");
 }
+
+#[test]
+fn large_chunk_files_are_copied_into_shards_exactly() {
+    // Chunks of 256 KiB and more are copied inside the kernel (copy_file_range) from their
+    // open files; the shard must hold their bytes exactly, into DST and in place.
+    let dir = tempfile::tempdir().unwrap();
+    let raw = dir.path().join("raw");
+    let script = format!(
+        r#"
+import numpy as np, zarr
+a = zarr.create_array("{}", shape=(128, 128, 100), chunks=(64, 64, 64), dtype="uint8",
+                      compressors=None, fill_value=0)
+a[...] = np.random.default_rng(1).integers(0, 256, size=a.shape, dtype=np.uint8)
+print("ok")
+"#,
+        s(&raw)
+    );
+    common::python_stdout(&script, "an array of large raw chunks");
+    let chunk_bytes = bytes_below(&raw) - std::fs::read(raw.join("zarr.json")).unwrap().len();
+    let packed = dir.path().join("packed");
+    ok(&["pack", s(&raw), s(&packed), "--chunks-per-shard", "2,2,2"]);
+    reads_equal(&raw, &packed);
+    let shard = std::fs::read(packed.join("c/0/0/0")).unwrap();
+    // Eight chunks of 64^3 (the edge ones too: zarr-python writes whole chunks), an index
+    // of 8 entries and its checksum.
+    assert_eq!(shard.len(), chunk_bytes + 8 * 16 + 4);
+    let first = std::fs::read(raw.join("c/0/0/0")).unwrap();
+    assert_eq!(
+        &shard[..first.len()],
+        &first[..],
+        "the first chunk's bytes, exactly"
+    );
+    let verify = shardfs(&["verify", s(&packed)]);
+    assert_eq!(verify.status.code(), Some(0), "{}", stdout(&verify));
+    let in_place = dir.path().join("in_place");
+    common::copy_tree(&raw, &in_place);
+    ok(&["pack", s(&in_place), "--chunks-per-shard", "2,2,2"]);
+    assert_eq!(std::fs::read(in_place.join("c/0/0/0")).unwrap(), shard);
+    ok(&["unpack", s(&packed), s(&dir.path().join("back"))]);
+    assert_eq!(
+        std::fs::read(dir.path().join("back/c/0/0/0")).unwrap(),
+        first
+    );
+}

@@ -225,18 +225,33 @@ impl KeyLock {
     /// `durability` asks, renamed onto the key. Returns the new file's metadata.
     /// Returns the new file's metadata and inode generation (`super::generation`).
     pub fn replace(
-        mut self,
+        self,
         buffers: &[Bytes],
         durability: Durability,
     ) -> io::Result<(Metadata, Option<u64>)> {
         let len: u64 = buffers.iter().map(|b| b.len() as u64).sum();
+        self.replace_with(
+            |file| {
+                crate::shard::write_all_vectored(file, buffers)?;
+                debug_assert_eq!(file.metadata()?.len(), len);
+                Ok(())
+            },
+            durability,
+        )
+    }
+
+    /// `replace`, the content written by `write` into the (empty) lock file.
+    pub fn replace_with(
+        mut self,
+        write: impl FnOnce(&mut File) -> io::Result<()>,
+        durability: Durability,
+    ) -> io::Result<(Metadata, Option<u64>)> {
         // What the mount writes on its own belongs to its directory's owner (`owner`).
         let dir = File::from(self.dir.try_clone()?).metadata()?;
         super::owner::give(&self.file, super::FileOwner::for_file_in(&dir))?;
         // A stale, longer lock file left by a writer that died is cut to size.
         self.file.set_len(0)?;
-        crate::shard::write_all_vectored(&mut self.file, buffers)?;
-        debug_assert_eq!(self.file.metadata()?.len(), len);
+        write(&mut self.file)?;
         if durability != Durability::Later {
             self.file.sync_data()?;
         }

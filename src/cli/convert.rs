@@ -101,6 +101,7 @@ pub fn run(goal: Goal, args: &CommonArgs, shards: Option<&ShardArgs>) -> ExitCod
         }
     };
     let opts = options(goal, args, shards);
+    crate::daemon::raise_fd_limit();
     let started = Instant::now();
     let terminal = std::io::stderr().is_terminal();
     let array_started = std::sync::Mutex::new(Instant::now());

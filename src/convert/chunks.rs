@@ -13,7 +13,7 @@ use super::ConvertError;
 use super::plan::{PackPlan, zstd_added};
 use crate::limits::MAX_FILE_BYTES;
 use crate::shard::{ShardIndex, read_index};
-use crate::store::Store;
+use crate::store::{Piece, Store};
 use crate::zarr::layout::unsharded_view;
 use crate::zarr::{ArrayMetadata, ChunkKeyEncoding, LayoutError, ShardLayout};
 
@@ -130,65 +130,114 @@ impl Conversion {
         by_source.into_values().map(Unit::Chunks).collect()
     }
 
-    /// The bytes of the chunks at `wanted` (`None`: gone since they were located), each
-    /// shard read once: its index, then the span of the chunks wanted from it.
+    /// The chunks at `wanted` (`None`: gone since they were located), each object opened
+    /// once: a chunk file whole, a shard's index read (and checked) and its chunks' ranges
+    /// taken from that same version. From a directory they stay ranges of open files,
+    /// copied inside the kernel when written; other stores' bytes are read, a shard's
+    /// wanted span in one request.
     pub fn fetch(
         &self,
         store: &dyn Store,
         dir: &Path,
         wanted: &[&ChunkAt],
-    ) -> Result<Vec<Option<Bytes>>, ConvertError> {
+    ) -> Result<Vec<Option<Piece>>, ConvertError> {
         let mut by_shard: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
         for at in wanted {
             if let ChunkAt::Shard { key, pos } = at {
                 by_shard.entry(key).or_default().push(*pos);
             }
         }
-        let mut spans = BTreeMap::new();
+        let mut shards = BTreeMap::new();
         for (key, positions) in by_shard {
             let layout = self.from.as_ref().ok_or_else(|| not_sharded(store, dir))?;
-            spans.insert(key, read_span(store, &dir.join(key), layout, &positions)?);
+            shards.insert(key, open_shard(store, &dir.join(key), layout, &positions)?);
         }
         wanted
             .iter()
             .map(|at| match at {
-                ChunkAt::File(key) => get(store, &dir.join(key)),
-                ChunkAt::Shard { key, pos } => Ok(spans
+                ChunkAt::File(key) => open_file(store, &dir.join(key)),
+                ChunkAt::Shard { key, pos } => Ok(shards
                     .get(key.as_str())
-                    .and_then(|span| span.as_ref()?.chunk(*pos))),
+                    .and_then(|shard| shard.as_ref()?.chunk(*pos))),
             })
             .collect()
     }
 }
 
-/// The chunks read from one version of a shard: its index, and the bytes from the first
-/// chunk wanted to the end of the last.
-struct Span {
-    index: ShardIndex,
-    start: u64,
-    bytes: Bytes,
+/// A chunk file, whole, from one version of it.
+fn open_file(store: &dyn Store, key: &Path) -> Result<Option<Piece>, ConvertError> {
+    // The whole object with the open: one request on an object store.
+    let blob = store
+        .open(key, MAX_FILE_BYTES)
+        .map_err(|e| ConvertError::store(store, key, e))?;
+    let Some(blob) = blob else { return Ok(None) };
+    let len = blob.info().size;
+    if len > MAX_FILE_BYTES {
+        let e = std::io::Error::from_raw_os_error(libc::EFBIG);
+        return Err(ConvertError::store(store, key, e.into()));
+    }
+    if blob.file().is_none() || len < IN_KERNEL_FROM {
+        // Read now, its file closed: a shard of thousands of small chunks keeps no
+        // thousands of files open.
+        let mut bytes = vec![0u8; len as usize];
+        blob.read_exact_at(&mut bytes, 0)
+            .map_err(|e| ConvertError::store(store, key, e.into()))?;
+        return Ok(Some(Piece::Bytes(Bytes::from(bytes))));
+    }
+    Ok(Some(Piece::Range {
+        from: blob,
+        offset: 0,
+        len,
+    }))
 }
 
-impl Span {
-    fn chunk(&self, pos: usize) -> Option<Bytes> {
+/// Chunk files from this size on are copied inside the kernel (kept open until their
+/// shard is written); smaller ones cost little to read.
+const IN_KERNEL_FROM: u64 = 256 << 10;
+
+/// One version of a shard: its index, and its chunks (ranges of the open file, or of the
+/// span read from an object store).
+struct OpenedShard {
+    index: ShardIndex,
+    from: PinnedShard,
+    /// Where `from` is no file: the bytes from `start` read in one request.
+    span: Option<(u64, Bytes)>,
+}
+
+impl OpenedShard {
+    fn chunk(&self, pos: usize) -> Option<Piece> {
         let range = self.index.get(pos)?;
-        let from = range.offset.checked_sub(self.start)? as usize;
+        let Some((start, bytes)) = &self.span else {
+            return Some(Piece::Range {
+                from: self.from.clone(),
+                offset: range.offset,
+                len: range.nbytes,
+            });
+        };
+        let from = range.offset.checked_sub(*start)? as usize;
         let to = from + range.nbytes as usize;
-        (to <= self.bytes.len()).then(|| self.bytes.slice(from..to))
+        (to <= bytes.len()).then(|| Piece::Bytes(bytes.slice(from..to)))
     }
 }
 
-/// The index of the shard at `key` (checked as any reader checks it) and the span of its
+/// The shard at `key` (its index checked as any reader checks it), ready to give the
 /// chunks at `positions`; `None`: no such shard. A damaged shard is refused.
-fn read_span(
+fn open_shard(
     store: &dyn Store,
     key: &Path,
     layout: &ShardLayout,
     positions: &[usize],
-) -> Result<Option<Span>, ConvertError> {
-    let Some((index, blob)) = read_shard(store, key, layout)? else {
+) -> Result<Option<OpenedShard>, ConvertError> {
+    let Some((index, from)) = read_shard(store, key, layout)? else {
         return Ok(None);
     };
+    if from.file().is_some() {
+        return Ok(Some(OpenedShard {
+            index,
+            from,
+            span: None,
+        }));
+    }
     let ranges: Vec<_> = positions.iter().filter_map(|p| index.get(*p)).collect();
     let start = ranges.iter().map(|r| r.offset).min().unwrap_or(0);
     let end = ranges.iter().map(|r| r.end()).max().unwrap_or(0);
@@ -197,12 +246,12 @@ fn read_span(
         return Err(ConvertError::store(store, key, e.into()));
     }
     let mut bytes = vec![0u8; (end - start) as usize];
-    blob.read_exact_at(&mut bytes, start)
+    from.read_exact_at(&mut bytes, start)
         .map_err(|e| ConvertError::store(store, key, e.into()))?;
-    Ok(Some(Span {
+    Ok(Some(OpenedShard {
         index,
-        start,
-        bytes: Bytes::from(bytes),
+        from,
+        span: Some((start, Bytes::from(bytes))),
     }))
 }
 
@@ -229,13 +278,6 @@ fn read_shard(
         }
     })?;
     Ok(Some((index, blob)))
-}
-
-fn get(store: &dyn Store, key: &Path) -> Result<Option<Bytes>, ConvertError> {
-    store
-        .get(key, MAX_FILE_BYTES)
-        .map(|o| o.map(|(b, _)| b))
-        .map_err(|e| ConvertError::store(store, key, e))
 }
 
 fn not_sharded(store: &dyn Store, dir: &Path) -> ConvertError {

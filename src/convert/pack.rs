@@ -16,8 +16,8 @@ use super::plan::{Goal, target_of};
 use super::v2;
 use super::{ConvertError, Options, Summary};
 use crate::limits::MAX_FILE_BYTES;
-use crate::shard::ShardBuilder;
-use crate::store::{Precondition, Store};
+use crate::shard::{ChunkRange, IndexLocation, ShardIndex};
+use crate::store::{Piece, Precondition, Store};
 use crate::sync::lock;
 use crate::zarr::layout::regular_chunk_shape;
 use crate::zarr::{
@@ -491,37 +491,36 @@ impl<'a> Packer<'a> {
             Unit::Chunks(chunks) => chunks.iter().map(|(_, at)| at).collect(),
         };
         let fetched = conversion.fetch(self.src, dir, &wanted)?;
-        let read: u64 = fetched.iter().flatten().map(|b| b.len() as u64).sum();
-        let mut written = 0;
-        let mut encode = |bytes: Bytes| -> Result<Bytes, ConvertError> {
-            let out = match conversion.zstd {
-                Some(level) => zstd_compress(&bytes, level)
-                    .map_err(|e| ConvertError::store(self.src, dir, e.into()))?,
-                None => bytes,
+        let read: u64 = fetched.iter().flatten().map(Piece::len).sum();
+        let encode = |piece: Piece| -> Result<Piece, ConvertError> {
+            let Some(level) = conversion.zstd else {
+                return Ok(piece);
             };
-            written += out.len() as u64;
-            Ok(out)
+            let io = |e: std::io::Error| ConvertError::store(self.src, dir, e.into());
+            let bytes = piece.to_bytes().map_err(io)?;
+            zstd_compress(&bytes, level).map(Piece::Bytes).map_err(io)
         };
+        let mut written = 0;
         match unit {
             Unit::Shard { key, chunks } => {
-                let plan = conversion
-                    .to_shards()
-                    .ok_or_else(|| ConvertError::Panicked(format!("{}: no shard layout", key)))?;
-                let mut builder = ShardBuilder::new(plan.index_format().clone());
                 // Gone since it was listed: a missing chunk, as in any reader's view.
-                for ((pos, _), bytes) in chunks.iter().zip(fetched) {
-                    if let Some(bytes) = bytes {
-                        builder.set(*pos, vec![encode(bytes)?]);
+                let mut present = Vec::new();
+                for ((pos, _), piece) in chunks.iter().zip(fetched) {
+                    if let Some(piece) = piece {
+                        present.push((*pos, encode(piece)?));
                     }
                 }
-                if let Some(encoded) = builder.build() {
-                    self.put(&dir.join(key), encoded.buffers())?;
+                written = present.iter().map(|(_, p)| p.len()).sum();
+                if let Some(shard) = assemble(conversion, present) {
+                    self.put_pieces(&dir.join(key), &shard)?;
                 }
             }
             Unit::Chunks(chunks) => {
-                for ((key, _), bytes) in chunks.iter().zip(fetched) {
-                    if let Some(bytes) = bytes {
-                        self.put(&dir.join(key), &[encode(bytes)?])?;
+                for ((key, _), piece) in chunks.iter().zip(fetched) {
+                    if let Some(piece) = piece {
+                        let piece = encode(piece)?;
+                        written += piece.len();
+                        self.put_pieces(&dir.join(key), &[piece])?;
                     }
                 }
             }
@@ -548,6 +547,15 @@ impl<'a> Packer<'a> {
             .map_err(|e| ConvertError::store(store, key, e))
     }
 
+    fn put_pieces(&self, key: &Path, pieces: &[Piece]) -> Result<(), ConvertError> {
+        let Some(dst) = self.dst.filter(|_| !self.opts.dry_run) else {
+            return Ok(()); // a dry run writes nothing
+        };
+        dst.put_pieces(key, pieces, self.durable)
+            .map(drop)
+            .map_err(|e| ConvertError::store(dst, key, e))
+    }
+
     pub(super) fn put(&self, key: &Path, parts: &[Bytes]) -> Result<(), ConvertError> {
         let Some(dst) = self.dst.filter(|_| !self.opts.dry_run) else {
             return Ok(()); // a dry run writes nothing
@@ -558,6 +566,33 @@ impl<'a> Packer<'a> {
         };
         put.map(drop).map_err(|e| ConvertError::store(dst, key, e))
     }
+}
+
+/// A shard of `chunks` (by position, in order) laid out as the shard format says: chunks
+/// in position order, then the index (the conversion writes it at the end). `None`: no
+/// chunk, no shard.
+fn assemble(conversion: &Conversion, chunks: Vec<(usize, Piece)>) -> Option<Vec<Piece>> {
+    if chunks.is_empty() {
+        return None;
+    }
+    let format = conversion.to_shards()?.index_format();
+    let mut index = ShardIndex::all_missing(format.n_chunks());
+    let mut offset = 0;
+    let mut pieces = Vec::with_capacity(chunks.len() + 1);
+    for (pos, piece) in chunks {
+        index.set(
+            pos,
+            Some(ChunkRange {
+                offset,
+                nbytes: piece.len(),
+            }),
+        );
+        offset += piece.len();
+        pieces.push(piece);
+    }
+    debug_assert_eq!(format.location, IndexLocation::End);
+    pieces.push(Piece::Bytes(Bytes::from(format.encode(&index))));
+    Some(pieces)
 }
 
 /// `bytes` compressed as one zstd frame (its content size in its header, as readers expect).

@@ -80,6 +80,49 @@ impl From<StoreError> for io::Error {
 /// was replaced fails (ESTALE) rather than return bytes of another version.
 pub trait Blob: ReadAt + Send + Sync + Debug {
     fn info(&self) -> &ObjectInfo;
+    /// The open file this version is, where it is one (a directory's): ranges of it are
+    /// then copied inside the kernel.
+    fn file(&self) -> Option<&std::fs::File> {
+        None
+    }
+}
+
+/// A part of an object being written: bytes in memory, or a range of a pinned version of
+/// an object (a directory copies a range of a file inside the kernel, never through
+/// memory; other stores read it first).
+#[derive(Clone, Debug)]
+pub enum Piece {
+    Bytes(Bytes),
+    Range {
+        from: Arc<dyn Blob>,
+        offset: u64,
+        len: u64,
+    },
+}
+
+impl Piece {
+    pub fn len(&self) -> u64 {
+        match self {
+            Piece::Bytes(b) => b.len() as u64,
+            Piece::Range { len, .. } => *len,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The piece in memory.
+    pub fn to_bytes(&self) -> io::Result<Bytes> {
+        match self {
+            Piece::Bytes(b) => Ok(b.clone()),
+            Piece::Range { from, offset, len } => {
+                let mut buf = vec![0u8; *len as usize];
+                from.read_exact_at(&mut buf, *offset)?;
+                Ok(Bytes::from(buf))
+            }
+        }
+    }
 }
 
 /// One level of a listing: the names of the directories (common prefixes) and of the
@@ -116,6 +159,24 @@ pub trait Store: Send + Sync + Debug {
     /// never be undone by a crash (a conversion in place).
     fn put_durably(&self, key: &Path, parts: &[Bytes]) -> Result<ObjectInfo, StoreError> {
         self.put(key, parts, Precondition::None)
+    }
+
+    /// `put` of `pieces` (or, `durably`, `put_durably`): a directory copies the ranges of
+    /// files inside the kernel; other stores read them into memory first.
+    fn put_pieces(
+        &self,
+        key: &Path,
+        pieces: &[Piece],
+        durably: bool,
+    ) -> Result<ObjectInfo, StoreError> {
+        let parts = pieces
+            .iter()
+            .map(Piece::to_bytes)
+            .collect::<io::Result<Vec<_>>>()?;
+        match durably {
+            true => self.put_durably(key, &parts),
+            false => self.put(key, &parts, Precondition::None),
+        }
     }
 
     /// Holds `key` exclusively until the guard returned drops, against anyone holding it

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::{Blob, Listing, ObjectInfo, Precondition, Store, StoreError};
+use super::{Blob, Listing, ObjectInfo, Piece, Precondition, Store, StoreError};
 use crate::backing::lock::{Durability, LOCK_SUFFIX, Within};
 use crate::backing::{Backing, EntryKind, is_absent, mtime_of};
 use crate::shard::ReadAt;
@@ -64,6 +64,23 @@ impl Store for Backing {
             Durability::Later
         };
         let (meta, generation) = lock.replace(parts, durability)?;
+        Ok(info_of(&meta, generation))
+    }
+
+    fn put_pieces(
+        &self,
+        key: &Path,
+        pieces: &[Piece],
+        durably: bool,
+    ) -> Result<ObjectInfo, StoreError> {
+        let (lock, current) =
+            locked_if(self, Within::path(Path::new("")), key, &Precondition::None)?;
+        let durability = match (durably, current.is_some()) {
+            (true, _) => Durability::Now,
+            (false, true) => Durability::DataBeforeRename,
+            (false, false) => Durability::Later,
+        };
+        let (meta, generation) = lock.replace_with(|f| write_pieces(f, pieces), durability)?;
         Ok(info_of(&meta, generation))
     }
 
@@ -218,6 +235,46 @@ impl Blob for FileBlob {
     fn info(&self) -> &ObjectInfo {
         &self.info
     }
+
+    fn file(&self) -> Option<&File> {
+        Some(&self.file)
+    }
+}
+
+/// Writes `pieces` at `out`'s position: ranges of files copied inside the kernel
+/// (`copy_file_range`, as `cp` does), through memory where the kernel cannot (another
+/// file system on an old kernel).
+fn write_pieces(out: &mut File, pieces: &[Piece]) -> io::Result<()> {
+    for piece in pieces {
+        match piece {
+            Piece::Range { from, offset, len } if from.file().is_some() => {
+                let src = from.file().ok_or(io::ErrorKind::NotFound)?;
+                copy_range(src, *offset, *len, out)?;
+            }
+            other => io::Write::write_all(out, &other.to_bytes()?)?,
+        }
+    }
+    Ok(())
+}
+
+/// `len` bytes of `src` from `offset`, appended at `out`'s position.
+fn copy_range(src: &File, offset: u64, len: u64, out: &mut File) -> io::Result<()> {
+    let (mut at, mut left) = (offset, len);
+    while left > 0 {
+        let step = usize::try_from(left).unwrap_or(usize::MAX);
+        match rustix::fs::copy_file_range(src, Some(&mut at), &*out, None, step) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => left -= n as u64,
+            Err(rustix::io::Errno::XDEV | rustix::io::Errno::INVAL | rustix::io::Errno::NOSYS)
+            | Err(rustix::io::Errno::OPNOTSUPP) => {
+                let mut buf = vec![0u8; left as usize];
+                ReadAt::read_exact_at(src, &mut buf, at)?;
+                return io::Write::write_all(out, &buf);
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
