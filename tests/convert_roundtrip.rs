@@ -275,7 +275,10 @@ fn a_damaged_shard_is_refused_before_anything_is_written() {
             "{command}: {}",
             stderr(&out)
         );
-        assert!(contents(&dst).is_empty(), "{command}: nothing written");
+        assert!(
+            !dst.exists(),
+            "{command}: nothing written, DST not left behind"
+        );
         // In place (without the top's consolidated metadata, `sharded` may go alone).
         let out = shardfs(&[command, s(&src.join("sharded"))]);
         assert_ne!(out.status.code(), Some(0), "{command} in place");
@@ -587,4 +590,29 @@ print("ok")
         std::fs::read(dir.path().join("back/c/0/0/0")).unwrap(),
         first
     );
+}
+
+#[test]
+fn usage_errors_are_said_before_anything_happens() {
+    let (dir, src) = source();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"mine").unwrap();
+    for args in [
+        vec!["unpack", s(&src), s(&file)],
+        vec!["pack", s(&file), s(&dir.path().join("d1"))],
+        vec![
+            "pack",
+            s(&src),
+            s(&dir.path().join("d2")),
+            "--shard-target-bytes",
+            "0",
+        ],
+        vec!["reshard", s(&src), "--compress", "gzip"],
+    ] {
+        let out = shardfs(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+    }
+    assert!(stderr(&shardfs(&["unpack", s(&src), s(&file)])).contains("a-file: not a directory"));
+    assert_eq!(std::fs::read(&file).unwrap(), b"mine");
+    assert!(!dir.path().join("d1").exists() && !dir.path().join("d2").exists());
 }

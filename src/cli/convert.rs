@@ -45,7 +45,7 @@ pub struct ShardArgs {
     #[arg(long, value_delimiter = ',')]
     shard_shape: Option<Vec<u64>>,
     /// The auto policy's target of uncompressed bytes per shard (suffixes K, M, G).
-    #[arg(long, default_value = "128M", value_parser = super::parse_size)]
+    #[arg(long, default_value = "128M", value_parser = target_bytes)]
     shard_target_bytes: u64,
     /// Compress raw chunks (arrays whose codecs have no compressor) with zstd, at LEVEL
     /// (-7 to 22, default 3): `zstd` or `zstd:LEVEL`. Arrays that compress already are
@@ -66,6 +66,17 @@ pub struct PackArgs {
 pub struct UnpackArgs {
     #[command(flatten)]
     pub common: CommonArgs,
+}
+
+/// A shard target of at least one byte (0 would make every shard a single chunk by
+/// accident; `--chunks-per-shard 1` says so on purpose).
+fn target_bytes(text: &str) -> Result<u64, String> {
+    match super::parse_size(text)? {
+        0 => Err(
+            "a shard target of 0 bytes: give --chunks-per-shard 1 for one chunk per shard".into(),
+        ),
+        n => Ok(n),
+    }
 }
 
 fn parse_compress(text: &str) -> Result<i32, String> {
@@ -93,6 +104,12 @@ pub fn run(goal: Goal, args: &CommonArgs, shards: Option<&ShardArgs>) -> ExitCod
         say!("shardfs {name}: {why}");
         return ExitCode::from(2);
     }
+    // A destination directory this run makes.
+    let made = args
+        .dst
+        .as_deref()
+        .filter(|d| !is_object_url(d) && !Path::new(d).exists() && !args.dry_run)
+        .map(PathBuf::from);
     let (src, target) = match stores(args) {
         Ok(s) => s,
         Err(e) => {
@@ -115,6 +132,12 @@ pub fn run(goal: Goal, args: &CommonArgs, shards: Option<&ShardArgs>) -> ExitCod
         Target::Nowhere => convert_into(src.as_ref(), None, &opts, &progress),
         Target::Into(dst) => convert_into(src.as_ref(), Some(dst.as_ref()), &opts, &progress),
     };
+    if converted.is_err()
+        && let Some(made) = &made
+    {
+        // Made by this run and still empty (refused in the planning pass): not left behind.
+        let _ = std::fs::remove_dir(made);
+    }
     if terminal {
         eprint!("\r\x1b[K");
     }
@@ -211,6 +234,9 @@ fn open(location: &str, args: &CommonArgs, make: bool) -> Result<Arc<dyn Store>,
         return Ok(Arc::new(store));
     }
     let path = PathBuf::from(location);
+    if path.exists() && !path.is_dir() {
+        return Err(format!("{location}: not a directory"));
+    }
     if make {
         std::fs::create_dir_all(&path).map_err(|e| format!("{location}: {e}"))?;
     }
