@@ -121,11 +121,16 @@ struct Unmount(PathBuf);
 impl Drop for Unmount {
     fn drop(&mut self) {
         if is_mounted(&self.0) {
-            let mnt = self.0.to_str().unwrap();
-            let _ = shardfs_timeout(&["unmount", "--lazy", mnt], Duration::from_secs(120));
+            // Never a panic here (a failed spawn): the detach below must still run.
+            let _ = common::mount::run_limited(
+                Command::new(common::shardfs_bin())
+                    .args(["unmount", "--lazy"])
+                    .arg(&self.0),
+                Duration::from_secs(120),
+            );
         }
         if is_mounted(&self.0) {
-            let _ = Command::new("umount").arg("-l").arg(&self.0).output();
+            common::mount::detach(&self.0);
         }
     }
 }

@@ -20,10 +20,7 @@ struct Cleanup {
 impl Drop for Cleanup {
     fn drop(&mut self) {
         if is_mounted(&self.mountpoint) {
-            let _ = Command::new("umount")
-                .arg("-l")
-                .arg(&self.mountpoint)
-                .status();
+            common::mount::detach(&self.mountpoint);
         }
         if let Some(link) = &self.installed {
             let _ = std::fs::remove_file(link);

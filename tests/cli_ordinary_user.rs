@@ -553,7 +553,7 @@ struct Unmounted(PathBuf);
 impl Drop for Unmounted {
     fn drop(&mut self) {
         if is_mounted(&self.0) {
-            let _ = Command::new("umount").arg("-l").arg(&self.0).output();
+            common::mount::detach(&self.0);
         }
     }
 }

@@ -11,8 +11,13 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use common::convert::{Tmpfs, cases, contents, leftovers, s, source};
-use common::{python, shardfs, stderr, stdout};
+use common::convert::{Tmpfs, cases, contents, killed_anywhere, leftovers, s, source};
+use common::{shardfs, stderr, stdout};
+
+/// `out`'s summary begins with `prefix`.
+fn says(out: &Output, prefix: &str) {
+    assert!(stdout(out).starts_with(prefix), "{}", stdout(out));
+}
 
 fn ok(args: &[&str]) -> Output {
     let out = shardfs(args);
@@ -98,11 +103,7 @@ fn pack_reshard_unpack_into_a_destination_reads_equal_and_gives_back_the_chunk_f
         "--chunks-per-shard",
         "3",
     ]);
-    assert!(
-        stdout(&out).starts_with("resharded 7 arrays: "),
-        "{}",
-        stdout(&out)
-    );
+    says(&out, "resharded 7 arrays: ");
     assert!(
         sharded_after(&src, &at("resharded"))
             .iter()
@@ -113,11 +114,7 @@ fn pack_reshard_unpack_into_a_destination_reads_equal_and_gives_back_the_chunk_f
     let verify = shardfs(&["verify", s(&at("resharded"))]);
     assert_eq!(verify.status.code(), Some(0), "{}", stdout(&verify));
     let out = ok(&["unpack", s(&at("resharded")), s(&at("unpacked"))]);
-    assert!(
-        stdout(&out).starts_with("unpacked 7 arrays: "),
-        "{}",
-        stdout(&out)
-    );
+    says(&out, "unpacked 7 arrays: ");
     assert!(
         sharded_after(&src, &at("unpacked"))
             .iter()
@@ -171,54 +168,21 @@ fn pack_reshard_unpack_in_place_reads_equal_at_each_step_and_leaves_nothing_behi
     assert_eq!(verify.status.code(), Some(0), "{}", stdout(&verify));
     // Once more with the same shape: nothing to do.
     let out = ok(&["reshard", s(&work), "--chunks-per-shard", "3"]);
-    assert!(
-        stdout(&out).starts_with("resharded 0 arrays"),
-        "{}",
-        stdout(&out)
-    );
+    says(&out, "resharded 0 arrays");
     ok(&["unpack", s(&work)]);
     assert!(sharded_after(&src, &work).iter().all(|(_, sh)| !*sh));
     the_same_chunk_files(&src, &work);
     assert!(leftovers(&work).is_empty(), "{:?}", leftovers(&work));
 }
 
-/// The crash harness (tests/py/pack_crash.py) on a packed copy of the source, with
-/// `command` in place.
-fn killed_anywhere(command: &[&str], trials: &str) {
+/// The crash harness on a packed copy of the source, with `command` in place.
+fn killed_in_place(command: &[&str], trials: &str) {
     let (dir, src) = source();
     let packed = dir.path().join("packed");
     ok(&["pack", s(&src), s(&packed), "--chunks-per-shard", "2"]);
     let work = dir.path().join("work");
     std::fs::create_dir(&work).unwrap();
-    let out = std::process::Command::new(python())
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/pack_crash.py"))
-        .args([
-            s(&common::shardfs_bin()),
-            s(&packed),
-            s(&work),
-            trials,
-            "11",
-        ])
-        .args(command)
-        .output()
-        .expect("python runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
-    let report: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
-    eprintln!("{command:?} in place under SIGKILL: {report}");
-    let by_state = report["kills_by_state"].as_object().unwrap();
-    assert!(
-        by_state.contains_key("before the flip (staging)"),
-        "{report}"
-    );
-    assert!(
-        by_state.contains_key("after the flip (finishing)"),
-        "{report}"
-    );
+    killed_anywhere(&packed, &work, command, trials, "11");
 }
 
 fn trials() -> String {
@@ -227,12 +191,12 @@ fn trials() -> String {
 
 #[test]
 fn an_unpack_in_place_killed_anywhere_reads_equal_and_a_rerun_finishes_it() {
-    killed_anywhere(&["unpack"], &trials());
+    killed_in_place(&["unpack"], &trials());
 }
 
 #[test]
 fn a_reshard_in_place_killed_anywhere_reads_equal_and_a_rerun_finishes_it() {
-    killed_anywhere(&["reshard", "--chunks-per-shard", "3"], &trials());
+    killed_in_place(&["reshard", "--chunks-per-shard", "3"], &trials());
 }
 
 #[test]

@@ -126,7 +126,7 @@ struct Foreground(std::process::Child, std::path::PathBuf);
 impl Drop for Foreground {
     fn drop(&mut self) {
         if is_mounted(&self.1) {
-            let _ = Command::new("umount").arg("-l").arg(&self.1).output();
+            common::mount::detach(&self.1);
         }
         let _ = self.0.kill();
         let _ = self.0.wait();

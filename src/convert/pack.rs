@@ -16,7 +16,7 @@ use super::plan::{Goal, target_of};
 use super::v2;
 use super::{ConvertError, Options, Summary};
 use crate::limits::MAX_FILE_BYTES;
-use crate::shard::{ChunkRange, IndexLocation, ShardIndex};
+use crate::shard::{IndexLocation, place};
 use crate::store::{Piece, Precondition, Store};
 use crate::sync::lock;
 use crate::zarr::layout::regular_chunk_shape;
@@ -568,30 +568,20 @@ impl<'a> Packer<'a> {
     }
 }
 
-/// A shard of `chunks` (by position, in order) laid out as the shard format says: chunks
-/// in position order, then the index (the conversion writes it at the end). `None`: no
-/// chunk, no shard.
+/// A shard of `chunks` (by position, in order), laid out as the shard builder lays one
+/// out (`shard::place`). `None`: no chunk, no shard.
 fn assemble(conversion: &Conversion, chunks: Vec<(usize, Piece)>) -> Option<Vec<Piece>> {
     if chunks.is_empty() {
         return None;
     }
     let format = conversion.to_shards()?.index_format();
-    let mut index = ShardIndex::all_missing(format.n_chunks());
-    let mut offset = 0;
-    let mut pieces = Vec::with_capacity(chunks.len() + 1);
-    for (pos, piece) in chunks {
-        index.set(
-            pos,
-            Some(ChunkRange {
-                offset,
-                nbytes: piece.len(),
-            }),
-        );
-        offset += piece.len();
-        pieces.push(piece);
+    let (index, _) = place(format, chunks.iter().map(|(pos, p)| (*pos, p.len())));
+    let index = Piece::Bytes(Bytes::from(format.encode(&index)));
+    let mut pieces: Vec<Piece> = chunks.into_iter().map(|(_, p)| p).collect();
+    match format.location {
+        IndexLocation::Start => pieces.insert(0, index),
+        IndexLocation::End => pieces.push(index),
     }
-    debug_assert_eq!(format.location, IndexLocation::End);
-    pieces.push(Piece::Bytes(Bytes::from(format.encode(&index))));
     Some(pieces)
 }
 

@@ -105,18 +105,14 @@ impl ShardBuilder {
             return None;
         }
         let index_len = self.format.encoded_len();
-        let data_start = match self.format.location {
-            IndexLocation::Start => index_len,
-            IndexLocation::End => 0,
-        };
-        let mut index = ShardIndex::all_missing(self.chunks.len());
+        let data_start = data_start(&self.format);
+        let sizes = self.chunks.iter().enumerate().filter_map(|(pos, chunk)| {
+            let segments = chunk.as_ref()?;
+            Some((pos, segments.iter().map(|s| s.len() as u64).sum()))
+        });
+        let (index, mut offset) = place(&self.format, sizes);
         let mut buffers = Vec::with_capacity(self.chunks.len() + 1);
-        let mut offset = data_start;
-        for (pos, chunk) in self.chunks.into_iter().enumerate() {
-            let Some(segments) = chunk else { continue };
-            let nbytes: u64 = segments.iter().map(|s| s.len() as u64).sum();
-            index.set(pos, Some(ChunkRange { offset, nbytes }));
-            offset += nbytes;
+        for segments in self.chunks.into_iter().flatten() {
             buffers.extend(segments.into_iter().filter(|s| !s.is_empty()));
         }
         if stamped {
@@ -134,6 +130,31 @@ impl ShardBuilder {
             len: offset + if data_start == 0 { index_len } else { 0 },
         })
     }
+}
+
+/// Where the first chunk of a shard in `format` begins: after the index when it is at the
+/// start.
+fn data_start(format: &IndexFormat) -> u64 {
+    match format.location {
+        IndexLocation::Start => format.encoded_len(),
+        IndexLocation::End => 0,
+    }
+}
+
+/// Where chunks of these sizes (position, encoded size; in position order) lie in a shard
+/// laid out as `ShardBuilder::build` lays it out: one after the other in position order,
+/// after the index when it is at the start. Returns the index and where the chunks end.
+pub fn place(
+    format: &IndexFormat,
+    sizes: impl IntoIterator<Item = (usize, u64)>,
+) -> (ShardIndex, u64) {
+    let mut index = ShardIndex::all_missing(format.n_chunks());
+    let mut offset = data_start(format);
+    for (pos, nbytes) in sizes {
+        index.set(pos, Some(ChunkRange { offset, nbytes }));
+        offset += nbytes;
+    }
+    (index, offset)
 }
 
 impl EncodedShard {

@@ -6,7 +6,7 @@ pub mod file;
 pub mod index;
 pub mod stamps;
 
-pub use builder::{EncodedShard, Segments, ShardBuilder, write_all_vectored};
+pub use builder::{EncodedShard, Segments, ShardBuilder, place, write_all_vectored};
 pub use file::{
     ReadAt, ShardFileError, read_chunk_part, read_index, read_index_lenient, read_whole_chunk,
 };

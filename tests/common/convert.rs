@@ -4,24 +4,41 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::python;
-
 pub fn cases_script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/pack_cases.py")
 }
 
+/// Runs `tests/py/pack_cases.py` with `args`; its stdout.
 pub fn cases(args: &[&str]) -> String {
-    let out = std::process::Command::new(python())
-        .arg(cases_script())
-        .args(args)
-        .output()
-        .expect("python runs");
-    assert!(
-        out.status.success(),
-        "pack_cases.py {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    let script = cases_script();
+    let mut all = vec![script.to_str().unwrap()];
+    all.extend(args);
+    super::python_run(&all, &format!("pack_cases.py {args:?}"))
+}
+
+/// `tests/py/pack_crash.py`: `command` run in place on copies of `pristine`, killed with
+/// SIGKILL at random moments for `trials` trials (seeded with `seed`), every array read
+/// after each kill, each trial finished by reruns. Checks that kills fell before the flip
+/// and after it, not only at the start or the end; returns the harness's report.
+pub fn killed_anywhere(
+    pristine: &Path,
+    work: &Path,
+    command: &[&str],
+    trials: &str,
+    seed: &str,
+) -> serde_json::Value {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/pack_crash.py");
+    let bin = super::shardfs_bin();
+    let mut args = vec![s(&script), s(&bin), s(pristine), s(work), trials, seed];
+    args.extend(command);
+    let out = super::python_run(&args, &format!("pack_crash.py {command:?}"));
+    let report: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    eprintln!("{command:?} in place under SIGKILL: {report}");
+    let by_state = report["kills_by_state"].as_object().unwrap();
+    for state in ["before the flip (staging)", "after the flip (finishing)"] {
+        assert!(by_state.contains_key(state), "{state}: {report}");
+    }
+    report
 }
 
 /// A fresh source hierarchy in a temporary directory.
@@ -97,8 +114,6 @@ impl Tmpfs {
 
 impl Drop for Tmpfs {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .args(["-l", s(&self.0)])
-            .status();
+        super::mount::detach(&self.0);
     }
 }

@@ -47,14 +47,22 @@ pub fn fixtures_script() -> PathBuf {
 
 /// Runs `tests/py/fixtures.py` with `args`, panicking with its output on failure.
 pub fn run_fixtures(args: &[&str]) -> String {
+    let script = fixtures_script();
+    let mut all = vec![script.to_str().unwrap()];
+    all.extend(args);
+    python_run(&all, &format!("fixtures.py {args:?}"))
+}
+
+/// Runs the pinned Python with `args` and returns its stdout, panicking with `what` and
+/// its output when it fails.
+pub fn python_run(args: &[&str], what: &str) -> String {
     let out = Command::new(python())
-        .arg(fixtures_script())
         .args(args)
         .output()
         .expect("python runs");
     assert!(
         out.status.success(),
-        "fixtures.py {args:?} failed:\n{}\n{}",
+        "{what} failed:\n{}\n{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
@@ -203,14 +211,5 @@ pub fn wait_listening(child: &mut std::process::Child, port: u16, what: &str) {
 /// Runs the Python `script` (with the pinned clients) and returns its stdout; `what` names
 /// it when it fails.
 pub fn python_stdout(script: &str, what: &str) -> String {
-    let out = std::process::Command::new(python())
-        .args(["-c", script])
-        .output()
-        .expect("python runs");
-    assert!(
-        out.status.success(),
-        "{what} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    python_run(&["-c", script], what)
 }

@@ -18,12 +18,15 @@ pub fn run_timeout(cmd: &mut Command, limit: Duration) -> Output {
 
 /// Runs `cmd`, killing it when it takes longer than `limit`.
 pub fn run_limited(cmd: &mut Command, limit: Duration) -> Result<Output, String> {
+    // A spawn that fails (out of file descriptors, of processes) is an error, never a
+    // panic: guards call this from `drop`, where a panic would abort before the mount
+    // is taken down.
     let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+        .map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
     let mut out = child.stdout.take().unwrap();
     let mut err = child.stderr.take().unwrap();
     let out_reader = std::thread::spawn(move || {
@@ -90,10 +93,27 @@ pub fn is_mounted(path: &Path) -> bool {
         .any(|l| l.split(|&b| b == b' ').nth(4) == Some(target.as_slice()))
 }
 
+/// Detaches whatever is mounted at `path` (a lazy unmount), without starting a process
+/// where it can: a test that ran out of file descriptors or processes must still take its
+/// mount down (a leaked mount can hang CI). Then `umount -l` for what the call may not do.
+pub fn detach(path: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    if let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) {
+        // SAFETY: a valid NUL-terminated path; umount2 reads it and keeps nothing.
+        if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0 {
+            return;
+        }
+    }
+    if is_mounted(path) {
+        let _ = Command::new("umount").arg("-l").arg(path).output();
+    }
+}
+
 fn force_unmount(mountpoint: &Path, pid: Option<u32>) {
-    let _ = Command::new("umount").arg("-l").arg(mountpoint).output();
-    if let Some(pid) = pid {
-        let _ = Command::new("kill").arg("-9").arg(pid.to_string()).output();
+    detach(mountpoint);
+    if let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()) {
+        // SAFETY: a signal to a process id; nothing is read or kept.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
     }
 }
 
@@ -291,7 +311,9 @@ impl Drop for Mounted {
         if let Some(tx) = self.stop_watchdog.take() {
             let _ = tx.send(());
         }
-        if is_mounted(&self.mountpoint) {
+        // Out of file descriptors, mountinfo cannot be read: taken as still mounted.
+        let unknown = std::fs::File::open("/proc/self/mountinfo").is_err();
+        if unknown || is_mounted(&self.mountpoint) {
             let unmounted = run_limited(
                 Command::new(super::shardfs_bin())
                     .arg("unmount")
@@ -382,10 +404,7 @@ impl Tmpfs {
 
 impl Drop for Tmpfs {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(&self.0)
-            .output();
+        detach(&self.0);
     }
 }
 
@@ -404,7 +423,7 @@ pub fn kill_during_replay(backing: &Path, mountpoint: &Path, delay_ms: u64) {
     let _ = child.kill();
     let _ = child.wait();
     if is_mounted(mountpoint) {
-        let _ = Command::new("umount").arg("-l").arg(mountpoint).status();
+        detach(mountpoint);
     }
 }
 

@@ -152,10 +152,7 @@ impl CutFs {
     }
 
     fn unmount(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(&self.mountpoint)
-            .status();
+        super::mount::detach(&self.mountpoint);
         if let Some(s) = self.session.take() {
             // Lazily unmounted already: joining could wait on requests still in flight.
             // Its threads end once the kernel lets the connection go.
