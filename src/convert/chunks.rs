@@ -179,10 +179,15 @@ fn open_file(store: &dyn Store, key: &Path) -> Result<Option<Piece>, ConvertErro
     if blob.file().is_none() || len < IN_KERNEL_FROM {
         // Read now, its file closed: a shard of thousands of small chunks keeps no
         // thousands of files open.
-        let mut bytes = vec![0u8; len as usize];
-        blob.read_exact_at(&mut bytes, 0)
+        let piece = Piece::Range {
+            from: blob,
+            offset: 0,
+            len,
+        };
+        let bytes = piece
+            .to_bytes()
             .map_err(|e| ConvertError::store(store, key, e.into()))?;
-        return Ok(Some(Piece::Bytes(Bytes::from(bytes))));
+        return Ok(Some(Piece::Bytes(bytes)));
     }
     Ok(Some(Piece::Range {
         from: blob,
@@ -245,13 +250,18 @@ fn open_shard(
         let e = std::io::Error::from_raw_os_error(libc::EFBIG);
         return Err(ConvertError::store(store, key, e.into()));
     }
-    let mut bytes = vec![0u8; (end - start) as usize];
-    from.read_exact_at(&mut bytes, start)
+    let span = Piece::Range {
+        from: from.clone(),
+        offset: start,
+        len: end - start,
+    };
+    let bytes = span
+        .to_bytes()
         .map_err(|e| ConvertError::store(store, key, e.into()))?;
     Ok(Some(OpenedShard {
         index,
         from,
-        span: Some((start, Bytes::from(bytes))),
+        span: Some((start, bytes)),
     }))
 }
 

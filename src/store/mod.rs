@@ -85,6 +85,12 @@ pub trait Blob: ReadAt + Send + Sync + Debug {
     fn file(&self) -> Option<&std::fs::File> {
         None
     }
+    /// Whether this version is still as it was pinned: a file written in place (grown,
+    /// shrunk, rewritten) since it was opened is not, and what was read of it may mix two
+    /// versions. An object store's version never changes.
+    fn still_as_pinned(&self) -> io::Result<bool> {
+        Ok(true)
+    }
 }
 
 /// A part of an object being written: bytes in memory, or a range of a pinned version of
@@ -119,6 +125,11 @@ impl Piece {
             Piece::Range { from, offset, len } => {
                 let mut buf = vec![0u8; *len as usize];
                 from.read_exact_at(&mut buf, *offset)?;
+                if !from.still_as_pinned()? {
+                    return Err(io::Error::other(
+                        "a file it is made from changed while it was read (written in place meanwhile); run again",
+                    ));
+                }
                 Ok(Bytes::from(buf))
             }
         }

@@ -85,9 +85,8 @@ impl Store for Backing {
     }
 
     fn put_durably(&self, key: &Path, parts: &[Bytes]) -> Result<ObjectInfo, StoreError> {
-        let (lock, _) = locked_if(self, Within::path(Path::new("")), key, &Precondition::None)?;
-        let (meta, generation) = lock.replace(parts, Durability::Now)?;
-        Ok(info_of(&meta, generation))
+        let pieces: Vec<Piece> = parts.iter().cloned().map(Piece::Bytes).collect();
+        self.put_pieces(key, &pieces, true)
     }
 
     fn hold(&self, key: &Path) -> Result<Option<Box<dyn std::any::Any>>, StoreError> {
@@ -239,6 +238,11 @@ impl Blob for FileBlob {
     fn file(&self) -> Option<&File> {
         Some(&self.file)
     }
+
+    fn still_as_pinned(&self) -> io::Result<bool> {
+        let now = self.file.metadata()?;
+        Ok(now.len() == self.info.size && mtime_of(&now) == self.info.mtime)
+    }
 }
 
 /// Writes `pieces` at `out`'s position: ranges of files copied inside the kernel
@@ -247,14 +251,29 @@ impl Blob for FileBlob {
 fn write_pieces(out: &mut File, pieces: &[Piece]) -> io::Result<()> {
     for piece in pieces {
         match piece {
-            Piece::Range { from, offset, len } if from.file().is_some() => {
-                let src = from.file().ok_or(io::ErrorKind::NotFound)?;
-                copy_range(src, *offset, *len, out)?;
-            }
-            other => io::Write::write_all(out, &other.to_bytes()?)?,
+            Piece::Range { from, offset, len } => match from.file() {
+                Some(src) => {
+                    copy_range(src, *offset, *len, out)?;
+                    // Checked after the copy: one written meanwhile may have given it
+                    // part of each version.
+                    if !from.still_as_pinned()? {
+                        return Err(changed_meanwhile());
+                    }
+                }
+                None => io::Write::write_all(out, &piece.to_bytes()?)?,
+            },
+            Piece::Bytes(bytes) => io::Write::write_all(out, bytes)?,
         }
     }
     Ok(())
+}
+
+/// A source written in place while it was being copied: nothing is written, the writer is
+/// to run again.
+fn changed_meanwhile() -> io::Error {
+    io::Error::other(
+        "a file it is made from changed while it was copied (written in place meanwhile); run again",
+    )
 }
 
 /// `len` bytes of `src` from `offset`, appended at `out`'s position.
@@ -296,5 +315,37 @@ mod tests {
         if crate::backing::generation(&File::open(&path).unwrap()).is_some() {
             assert!(second.tag.contains("-g"), "{}", second.tag);
         }
+    }
+
+    #[test]
+    fn pieces_are_copied_exactly_and_a_source_written_meanwhile_fails_the_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Backing::new(dir.path().to_path_buf()).unwrap();
+        let big: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        std::fs::write(dir.path().join("src"), &big).unwrap();
+        let blob = Store::open(&store, Path::new("src"), 0).unwrap().unwrap();
+        let range = |offset, len| Piece::Range {
+            from: blob.clone(),
+            offset,
+            len,
+        };
+        let pieces = [
+            range(100, 200_000),
+            Piece::Bytes(Bytes::from_static(b"index")),
+        ];
+        store.put_pieces(Path::new("out"), &pieces, false).unwrap();
+        let out = std::fs::read(dir.path().join("out")).unwrap();
+        assert_eq!(&out[..200_000], &big[100..200_100]);
+        assert_eq!(&out[200_000..], b"index");
+        // Grown in place after it was opened: neither copied nor read.
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(dir.path().join("src"))
+            .unwrap();
+        std::io::Write::write_all(&mut f, b"more").unwrap();
+        let err = store.put_pieces(Path::new("out2"), &pieces, false);
+        assert!(err.is_err(), "a source written meanwhile fails the write");
+        assert!(!dir.path().join("out2").exists(), "and nothing lands");
+        assert!(range(0, 10).to_bytes().is_err());
     }
 }
