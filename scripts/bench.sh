@@ -11,6 +11,10 @@
 #                                        shardfs pack against cp -r, zarrs_reencode and cp -r
 #                                        into a mount; --compress zstd (scripts/bench_pack.py;
 #                                        installs zarrs_tools 0.8.1 into .tools/zarrs)
+#   scripts/bench.sh compress [--rounds N] [--quick]
+#                                        zarr-python raw through a mount with --compress zstd
+#                                        against zarr-python with its own zstd
+#                                        (scripts/bench_compress.py)
 # Prints JSON with medians and ratios. Uses the venv of scripts/test.sh (created if needed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +33,10 @@ if [ "${1:-}" = pack ]; then
     fi
     exec "$venv/bin/python" scripts/bench_pack.py "$@" --shardfs "$PWD/target/release/shardfs" \
         --zarrs-reencode "$reencode"
+fi
+if [ "${1:-}" = compress ]; then
+    shift
+    exec "$venv/bin/python" scripts/bench_compress.py "$@" --shardfs "$PWD/target/release/shardfs"
 fi
 if [ "${1:-}" = s3 ]; then
     shift

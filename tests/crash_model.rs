@@ -128,6 +128,8 @@ struct World {
     layer: Option<CutFs>,
     scratch: PathBuf,
     args: Vec<String>,
+    /// The mount compresses the arrays' raw chunks (`--compress`).
+    compress: bool,
     mount: Option<Mounted>,
     witness: Option<Mounted>,
     model: BTreeMap<Key, Chunk>,
@@ -145,7 +147,8 @@ fn content(counter: u64, (a, k): Key) -> Vec<u8> {
 }
 
 impl World {
-    fn new(dir: &Path, idle: &str, power_cut: bool) -> World {
+    fn new(dir: &Path, setup: &Setup) -> World {
+        let (idle, power_cut) = (setup.idle.as_str(), setup.power_cut);
         let disk = dir.join("disk");
         let scratch = dir.join("scratch");
         fs::create_dir_all(&disk).unwrap();
@@ -158,11 +161,15 @@ impl World {
         } else {
             (disk.clone(), None)
         };
-        let args: Vec<String> = ["--chunks-per-shard", "4", "--idle-flush", idle]
+        let mut args: Vec<String> = ["--chunks-per-shard", "4", "--idle-flush", idle]
             .iter()
             .map(|s| s.to_string())
             .collect();
+        if setup.compress {
+            args.extend(["--compress".to_string(), "zstd:1".to_string()]);
+        }
         let mut w = World {
+            compress: setup.compress,
             disk,
             backing,
             layer,
@@ -665,7 +672,21 @@ impl World {
         if v.status.code() != Some(0) {
             return Err(format!("verify: {}", common::stdout(&v)));
         }
+        self.stored_as_asked()?;
         self.zarr_reads()
+    }
+
+    /// With `--compress`, every array is stored with zstd among its chunks' codecs (the
+    /// native reads that follow then decompress them); without, none is.
+    fn stored_as_asked(&self) -> Result<(), String> {
+        for a in ARRAYS {
+            let doc = fs::read_to_string(self.disk.join(a).join("zarr.json"))
+                .map_err(|e| format!("{a}/zarr.json: {e}"))?;
+            if doc.contains("\"zstd\"") != self.compress {
+                return Err(format!("{a} stored with compress={}: {doc}", self.compress));
+            }
+        }
+        Ok(())
     }
 
     fn zarr_reads(&self) -> Result<(), String> {
@@ -756,9 +777,17 @@ fn applicable(w: &World, op: &Op) -> bool {
 }
 
 /// Runs `ops` on a fresh BACKING; `Err` says where and what failed.
-fn run_sequence(ops: &[Op], idle: &str, power_cut: bool) -> Result<(), String> {
+/// How a sequence's mounts run: idle flush, power cuts, transparent compression.
+#[derive(Clone, Debug)]
+struct Setup {
+    idle: String,
+    power_cut: bool,
+    compress: bool,
+}
+
+fn run_sequence(ops: &[Op], setup: &Setup) -> Result<(), String> {
     let dir = tempfile::tempdir().unwrap();
-    let mut w = World::new(dir.path(), idle, power_cut);
+    let mut w = World::new(dir.path(), setup);
     for (i, op) in ops.iter().enumerate() {
         if !applicable(&w, op) {
             continue;
@@ -769,17 +798,15 @@ fn run_sequence(ops: &[Op], idle: &str, power_cut: bool) -> Result<(), String> {
 }
 
 /// Drops operations while the sequence still fails, and returns the shortest found.
-fn shrink(mut ops: Vec<Op>, idle: &str, power_cut: bool) -> (Vec<Op>, String) {
-    let mut why = run_sequence(&ops, idle, power_cut)
-        .err()
-        .unwrap_or_default();
+fn shrink(mut ops: Vec<Op>, setup: &Setup) -> (Vec<Op>, String) {
+    let mut why = run_sequence(&ops, setup).err().unwrap_or_default();
     let mut i = 0;
     let mut tries = 0;
     while i < ops.len() && tries < 60 {
         tries += 1;
         let mut fewer = ops.clone();
         fewer.remove(i);
-        match run_sequence(&fewer, idle, power_cut) {
+        match run_sequence(&fewer, setup) {
             Err(e) => {
                 ops = fewer;
                 why = e;
@@ -805,15 +832,21 @@ fn run_many(count: u64, seed: u64, n_ops: usize, power_cut: bool) -> (u64, u64, 
         // Three in four end in a crash; the others in a clean unmount.
         let crash_at_end = rng.below(4) != 0;
         let ops = sequence(&mut rng, n_ops, crash_at_end);
-        match run_sequence(&ops, &idle, power_cut) {
+        // Every other sequence through a mount that compresses the chunks it stores.
+        let setup = Setup {
+            idle,
+            power_cut,
+            compress: seed % 2 == 1,
+        };
+        match run_sequence(&ops, &setup) {
             Ok(()) => {
                 passed += 1;
                 crashed += crash_at_end as u64;
             }
             Err(e) => {
                 failed += 1;
-                println!("{what} sequence seed {seed} (idle {idle}s): FAILED: {e}");
-                let (small, why) = shrink(ops, &idle, power_cut);
+                println!("{what} sequence seed {seed} ({setup:?}): FAILED: {e}");
+                let (small, why) = shrink(ops, &setup);
                 println!("  shrunk to {} operations: {small:?}\n  {why}", small.len());
             }
         }

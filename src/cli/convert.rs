@@ -79,7 +79,7 @@ fn target_bytes(text: &str) -> Result<u64, String> {
     }
 }
 
-fn parse_compress(text: &str) -> Result<i32, String> {
+pub(super) fn parse_compress(text: &str) -> Result<i32, String> {
     let level = match text.split_once(':') {
         None if text == "zstd" => 3,
         Some(("zstd", level)) => level.parse().map_err(|e| format!("{level}: {e}"))?,

@@ -179,6 +179,11 @@ struct MountArgs {
     /// The auto policy's target of uncompressed bytes per shard (suffixes K, M, G).
     #[arg(long, default_value = "128M", value_parser = parse_size)]
     shard_target_bytes: u64,
+    /// Store the raw chunks (codecs without a compressor) of arrays created through the
+    /// mount compressed with zstd at LEVEL (-7 to 22, default 3): `zstd` or `zstd:LEVEL`.
+    /// The mount shows them as written; BACKING holds an ordinary zstd array.
+    #[arg(long, value_name = "zstd[:LEVEL]", value_parser = convert::parse_compress)]
+    compress: Option<i32>,
     /// Seconds without change after which a shard with pending chunks is written as it is.
     #[arg(long, default_value_t = 5.0)]
     idle_flush: f64,
@@ -368,6 +373,7 @@ fn write_config(args: &MountArgs) -> crate::core::WriteConfig {
         index_cache: args.index_cache_bytes,
         journal: !args.no_journal,
         max_journal: args.max_journal_bytes,
+        compress: args.compress,
     }
 }
 

@@ -52,19 +52,7 @@ pub fn target_of<E: From<LayoutError>>(
     Ok((target != *meta).then_some(target))
 }
 
-/// The unsharded array `meta` with its raw chunks compressed by zstd at `level`, if its
-/// codecs are raw: an optional `transpose` then `bytes`, nothing after (a compressor or a
-/// checksum already there is left as it is).
-pub fn compressed(meta: &ArrayMetadata, level: i32) -> Option<ArrayMetadata> {
-    let names: Vec<&str> = meta.codecs.iter().map(|c| c.name.as_str()).collect();
-    if !matches!(names.as_slice(), ["bytes"] | ["transpose", "bytes"]) {
-        return None;
-    }
-    let mut out = meta.clone();
-    let config = serde_json::json!({ "level": level, "checksum": false });
-    out.codecs.push(NamedConfig::new(ZSTD, Some(config)));
-    Some(out)
-}
+pub use crate::zarr::transparent::compressed;
 
 const ZSTD: &str = "zstd";
 

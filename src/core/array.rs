@@ -20,7 +20,12 @@ pub struct ArrayState {
     pub rel: PathBuf,
     pub meta: ArrayMetadata,
     pub layout: ShardLayout,
-    /// The unsharded view of `meta`, as served for `zarr.json`.
+    /// How its chunks are stored when the mount compresses them (`zarr::transparent`):
+    /// compressed where they enter a journal record or a shard, decompressed where they
+    /// leave one, shown as written.
+    pub zstd: Option<crate::zarr::transparent::Zstd>,
+    /// The unsharded view of `meta` the writer wrote (`zarr::shown_view`), as served for
+    /// `zarr.json`.
     pub view_json: Bytes,
     pub meta_version: FileVersion,
     pub meta_mtime: SystemTime,

@@ -394,6 +394,12 @@ pub fn unsharded_view(meta: &ArrayMetadata) -> Result<ArrayMetadata, LayoutError
     Ok(view)
 }
 
+/// What the mount shows of the stored sharded array `meta`: its unsharded view, less the
+/// `zstd` the mount added (`transparent`), so the writer's own document.
+pub fn shown_view(meta: &ArrayMetadata) -> Result<ArrayMetadata, LayoutError> {
+    unsharded_view(meta).map(super::transparent::shown)
+}
+
 /// The sharded form of an unsharded array under `policy`, with the index at the end.
 pub fn sharded_from(
     meta: &ArrayMetadata,

@@ -5,11 +5,12 @@ pub mod key;
 pub mod layout;
 pub mod metadata;
 pub mod policy;
+pub mod transparent;
 
 pub use key::{ChunkKeyEncoding, KeyError, KeyNode, Separator};
 pub use layout::{
-    ChunkLocation, LayoutError, ShardLayout, sharded_from, sharded_with, takes_chunks_of,
-    translate_consolidated, unsharded_view,
+    ChunkLocation, LayoutError, ShardLayout, sharded_from, sharded_with, shown_view,
+    takes_chunks_of, translate_consolidated, unsharded_view,
 };
 pub use metadata::{ArrayMetadata, GroupMetadata, MetadataError, NamedConfig, Node};
 pub use policy::{ChunksPerShard, DEFAULT_TARGET_BYTES, PolicyError, ShardPolicy};

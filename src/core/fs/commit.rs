@@ -22,7 +22,7 @@ use crate::shard::IndexLocation;
 use crate::zarr::layout::{SHARDING_CODEC, fixed_chunk_bytes, regular_chunk_shape};
 use crate::zarr::{
     ArrayMetadata, KeyNode, LayoutError, METADATA_FILE, Node, ShardLayout, sharded_with,
-    translate_consolidated, unsharded_view,
+    shown_view, translate_consolidated, transparent,
 };
 
 impl ShardFs {
@@ -158,26 +158,26 @@ impl ShardFs {
     }
 
     /// The sharded form of unsharded `meta` for the array at `dir`: with the chunks per
-    /// shard and index location it already has when it is an existing sharded array with
-    /// the same chunks, codecs and keys (a resize or an attribute update), else from the
-    /// shard policy.
+    /// shard, index location and transparent compression it already has when it is an
+    /// existing sharded array with the same chunks, codecs and keys (a resize or an
+    /// attribute update: its stored chunks stay readable), else from the mount's options.
     fn sharded_form(&self, dir: &Path, meta: &ArrayMetadata) -> Result<ArrayMetadata, LayoutError> {
         let chunk_shape = regular_chunk_shape(meta)?;
+        // A writer's document never carries the mount's mark: a `zstd` it names is its own.
+        let meta = &transparent::unmarked(meta);
         let existing = self.array_at(dir).ok().flatten();
         let kept = existing.as_ref().and_then(|a| {
-            let view = unsharded_view(&a.meta).ok()?;
+            let view = shown_view(&a.meta).ok()?;
             let same = a.layout.chunk_shape == chunk_shape
                 && view.codecs == meta.codecs
                 && view.chunk_key_encoding == meta.chunk_key_encoding
                 && view.ndim() == meta.ndim();
             same.then(|| {
-                (
-                    a.layout.chunks_per_shard().to_vec(),
-                    a.layout.index.location,
-                )
+                let cps = a.layout.chunks_per_shard().to_vec();
+                (cps, a.layout.index.location, a.zstd.map(|z| z.level))
             })
         });
-        let (cps, location) = match kept {
+        let (cps, location, zstd) = match kept {
             Some(k) => k,
             None => {
                 let cps = self.config.policy.chunks_per_shard(
@@ -185,10 +185,13 @@ impl ShardFs {
                     &chunk_shape,
                     meta.item_size(),
                 )?;
-                (cps, IndexLocation::End)
+                (cps, IndexLocation::End, self.config.compress)
             }
         };
-        sharded_with(meta, &cps, location)
+        match zstd.and_then(|level| transparent::marked(meta, level)) {
+            Some(stored) => sharded_with(&stored, &cps, location),
+            None => sharded_with(meta, &cps, location),
+        }
     }
 
     /// Writers that copy a tree (cp -r, rsync) may write an array's chunk files before its
@@ -460,9 +463,10 @@ fn draft_array(
     found: crate::backing::Identified,
 ) -> Option<Arc<ArrayState>> {
     let layout = ShardLayout::of(sharded).ok().flatten()?;
-    let view = unsharded_view(sharded).ok()?;
+    let view = shown_view(sharded).ok()?;
     Some(Arc::new(ArrayState {
         rel: dir.to_path_buf(),
+        zstd: transparent::of_stored(sharded),
         meta: sharded.clone(),
         layout,
         view_json: Bytes::from(Node::Array(view).to_json_bytes()),

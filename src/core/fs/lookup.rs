@@ -313,7 +313,7 @@ impl ShardFs {
             ChunkData::Stored(c) => Ok(Attr::virtual_file(
                 ino,
                 &self.owner_of(&array.rel)?,
-                c.range.nbytes,
+                c.size()?,
                 c.mtime,
             )),
             ChunkData::Pending(file) => self.held_attr(ino, &file, &array.rel),

@@ -63,6 +63,9 @@ pub struct WriteConfig {
     /// Past this many journal bytes, the shards holding journaled chunks are written (so
     /// that their records retire).
     pub max_journal: u64,
+    /// Raw chunks of arrays created through the mount are stored compressed with zstd at
+    /// this level (`zarr::transparent`).
+    pub compress: Option<i32>,
 }
 
 impl Default for WriteConfig {
@@ -74,6 +77,7 @@ impl Default for WriteConfig {
             index_cache: shards::DEFAULT_INDEX_CACHE,
             journal: false,
             max_journal: 1 << 30,
+            compress: None,
         }
     }
 }

@@ -162,8 +162,11 @@ impl ShardFs {
             return Err(FsError::Stale);
         }
         // One open writes one array: the array at the path now, if another directory was
-        // put there since the open checked the writer's permission, is not this one.
+        // put there since the open checked the writer's permission, is not this one. A
+        // file renamed into another array (by a caller who could write both) goes with
+        // its writes, as on any file system.
         if let (NodeKind::Chunk { array, .. }, Some(opened)) = (&info.kind, h.array.get())
+            && opened.rel == array.rel
             && !opened.same_directory(array)
         {
             return Err(FsError::Stale);

@@ -73,11 +73,12 @@ impl ShardRegistry {
                 // What the shard holds, which each record names as the state it goes over,
                 // is final and durable while taken: no write of the shard in flight (it
                 // could put an older content there), nothing of it unsynced.
-                let taken = {
+                let mut taken = {
                     let _writer = lock(&slot.writing);
                     self.durable_base(backing, &slot)?;
                     self.take(journal, &slot, &group)
                 };
+                stored_form(&slot.array, &mut taken)?;
                 shared.push((slot, taken));
             }
         }
@@ -192,7 +193,7 @@ impl ShardRegistry {
             // No shard write in flight while the body is chosen and the content taken: one
             // that began before would put a new shard file (an older content in it) under
             // records that say there was none. One that begins after takes this body.
-            let (body, taken) = {
+            let (body, mut taken) = {
                 let _writer = lock(&slot.writing);
                 let Some(body) = self.body_for(journal, slot)? else {
                     return Ok(false);
@@ -202,6 +203,7 @@ impl ShardRegistry {
             if taken.is_empty() {
                 return Ok(true);
             }
+            stored_form(&slot.array, &mut taken)?;
             let entries: Vec<Entry> = taken.iter().map(|t| entry(slot, &[], "", t)).collect();
             if let Some(chunks) = journal.append_body(&body, &entries)? {
                 let recs = chunks
@@ -296,6 +298,20 @@ impl ShardRegistry {
             journal.body_abandoned(&finishing);
         }
     }
+}
+
+/// The contents taken as the array stores them (`codec`): a record holds a chunk as its
+/// shard will, so a body becomes the shard as it is; a replay decompresses it again.
+fn stored_form(array: &ArrayState, taken: &mut [Taken]) -> Result<(), FsError> {
+    if array.zstd.is_none() {
+        return Ok(());
+    }
+    let contents: Vec<&[Bytes]> = taken.iter().map(|t| t.data.as_slice()).collect();
+    let encoded = super::codec::encode(array.zstd, &contents)?;
+    for (t, e) in taken.iter_mut().zip(encoded) {
+        t.data = e;
+    }
+    Ok(())
 }
 
 /// A journal entry for chunk `t` of the slot's array (`meta`: its layout, as stored).

@@ -10,6 +10,7 @@
 //! each position, and `records.rs` what a record says besides its bytes.
 
 mod body;
+mod codec;
 mod ledger;
 mod list;
 mod records;
@@ -614,6 +615,8 @@ impl ShardRegistry {
                     file: open.file,
                     pos: loc.pos,
                     shard: Arc::new(open.stored.clone()),
+                    zstd: array.zstd.is_some(),
+                    decoded: Arc::default(),
                 }),
             },
         })
@@ -694,7 +697,11 @@ impl ShardRegistry {
         let since = stamps.and_then(|s| s.get(loc.pos).copied()).unwrap_or(0);
         let bytes =
             crate::shard::read_whole_chunk(&open.file, range, crate::limits::MAX_FILE_BYTES)?;
-        Ok((FileData::from_bytes(Bytes::from(bytes)), Some(since)))
+        let bytes = match array.zstd {
+            Some(_) => stored::decode(&bytes, &array.shard_rel(&loc.shard))?,
+            None => Bytes::from(bytes),
+        };
+        Ok((FileData::from_bytes(bytes), Some(since)))
     }
 
     /// Makes `file` the content of the chunk at `coords` (a rename onto its key), marking

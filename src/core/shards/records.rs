@@ -79,6 +79,10 @@ impl ShardRegistry {
     ) -> Result<(), FsError> {
         let held = match data {
             Some(bytes) => {
+                let bytes = match array.zstd {
+                    Some(_) => super::stored::decode(&bytes, &array.rel)?,
+                    None => bytes,
+                };
                 let file = Arc::new(MemFile::new(FileData::from_bytes(bytes), 0o644));
                 self.charge(file.len() as i64);
                 let held = Held::of(&file, 0);

@@ -16,6 +16,7 @@ use crate::shard::{
     read_chunk_part, read_index,
 };
 use crate::store::{Blob, Store};
+use crate::zarr::transparent;
 
 /// The decoded index of one version of a shard, or why it could not be decoded. The shard
 /// itself is not kept open: arrays have more shards than a process has descriptors.
@@ -128,6 +129,11 @@ pub struct StoredChunk {
     /// Its position in the shard, and the shard version's index (for its stamp).
     pub(crate) pos: usize,
     pub(crate) shard: Arc<StoredIndex>,
+    /// Stored compressed by the mount (`ArrayState::zstd`): read, it is decompressed.
+    pub(crate) zstd: bool,
+    /// The chunk decompressed, once read: shared by the clones a handle pins, so that a
+    /// reader's many requests decompress it once.
+    pub(crate) decoded: Arc<std::sync::Mutex<Option<Bytes>>>,
 }
 
 impl StoredChunk {
@@ -168,9 +174,12 @@ impl StoredChunk {
             && (kept() || self.stamp().is_some_and(|t| other.stamp() == Some(t)))
     }
 
-    /// The whole chunk, in memory: refused (EFBIG) when its index says more than a file
-    /// may hold (`read_whole_chunk`).
+    /// The whole chunk as written, in memory: refused (EFBIG) when its index (or its
+    /// compressed frame) says more than a file may hold (`read_whole_chunk`).
     pub fn read(&self) -> Result<Bytes, FsError> {
+        if self.zstd {
+            return self.decoded();
+        }
         Ok(Bytes::from(crate::shard::read_whole_chunk(
             &self.file,
             self.range,
@@ -179,10 +188,55 @@ impl StoredChunk {
     }
 
     pub fn read_part(&self, offset: u64, size: u64) -> Result<Bytes, FsError> {
+        if self.zstd {
+            let whole = self.decoded()?;
+            let start = offset.min(whole.len() as u64) as usize;
+            let end = offset.saturating_add(size).min(whole.len() as u64) as usize;
+            return Ok(whole.slice(start..end));
+        }
         Ok(Bytes::from(read_chunk_part(
             &self.file, self.range, offset, size,
         )?))
     }
+
+    /// The chunk's size as written: a compressed one's frame says it in its header.
+    pub fn size(&self) -> Result<u64, FsError> {
+        if !self.zstd {
+            return Ok(self.range.nbytes);
+        }
+        if let Some(b) = &*crate::sync::lock(&self.decoded) {
+            return Ok(b.len() as u64);
+        }
+        let head = read_chunk_part(&self.file, self.range, 0, transparent::HEADER_MAX)?;
+        match transparent::content_size(&head) {
+            Some(n) => Ok(n),
+            None => Ok(self.decoded()?.len() as u64),
+        }
+    }
+
+    fn decoded(&self) -> Result<Bytes, FsError> {
+        let mut cached = crate::sync::lock(&self.decoded);
+        if let Some(b) = &*cached {
+            return Ok(b.clone());
+        }
+        let stored =
+            crate::shard::read_whole_chunk(&self.file, self.range, crate::limits::MAX_FILE_BYTES)?;
+        let b = decode(&stored, &self.rel)?;
+        *cached = Some(b.clone());
+        Ok(b)
+    }
+}
+
+/// A chunk the mount compressed (`transparent::Zstd`), as written; damage is EIO, said
+/// with the shard's name.
+pub(crate) fn decode(stored: &[u8], shard: &Path) -> Result<Bytes, FsError> {
+    transparent::Zstd::decode(stored, crate::limits::MAX_FILE_BYTES).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::InvalidData {
+            warn!(shard = %shard.display(), "a compressed chunk does not decompress: {e}");
+            return FsError::Io(std::io::Error::from_raw_os_error(libc::EIO));
+        }
+        e.into()
+    })
 }
 
 /// Opens the shard at `rel` and finds its index: `cached` when it describes the very

@@ -96,6 +96,25 @@ fn choose(reg: &ShardRegistry, slot: &ShardSlot, take_all: bool) -> Option<Taken
     })
 }
 
+/// The chosen chunks as `array` stores them (`codec`): compressed when the mount
+/// compresses it. A body holds its chunks compressed already (`body::take`).
+fn stored_form<'a>(
+    array: &ArrayState,
+    chosen: &'a [Chosen],
+) -> Result<std::borrow::Cow<'a, [Chosen]>, FsError> {
+    if array.zstd.is_none() {
+        return Ok(std::borrow::Cow::Borrowed(chosen));
+    }
+    let contents: Vec<&[Bytes]> = chosen.iter().map(|c| c.3.as_slice()).collect();
+    let encoded = super::codec::encode(array.zstd, &contents)?;
+    let chosen = chosen
+        .iter()
+        .zip(encoded)
+        .map(|((pos, m, version, _), e)| (*pos, m.clone(), *version, e))
+        .collect();
+    Ok(std::borrow::Cow::Owned(chosen))
+}
+
 /// What one shard write found and did.
 struct Written {
     stored: Option<StoredIndex>,
@@ -164,29 +183,9 @@ impl ShardRegistry {
     ) -> (Arc<ArrayState>, Result<Written, FsError>) {
         match self.whereabouts(backing, &slot.array) {
             Whereabouts::At(array) => {
-                let moved = !Arc::ptr_eq(&array, &slot.array);
-                let job = ShardJob {
-                    backing,
-                    moved,
-                    within: Within {
-                        rel: &array.rel,
-                        dir: array.dir_id,
-                        instance: &array.instance,
-                    },
-                    rel: &array.shard_rel(&slot.shard),
-                    format: &array.layout.index,
-                    chosen: &taken.chosen,
-                    deleted: &taken.deleted,
-                    times: &taken.times,
-                    cached: taken.cached.as_ref().filter(|_| !moved),
-                    mode,
-                };
-                let result = self.run_job(&job, journal.as_deref(), finishing, in_body);
-                // The slot's cached index is of the shard at its own path.
-                let result = result.map(|w| Written {
-                    stored: w.stored.filter(|_| !moved),
-                    ..w
-                });
+                let result = self.write_at(
+                    backing, slot, &array, taken, mode, journal, finishing, in_body,
+                );
                 (array, result)
             }
             Whereabouts::Lost(why) => {
@@ -206,6 +205,52 @@ impl ShardRegistry {
                 (slot.array.clone(), Ok(gone))
             }
         }
+    }
+
+    /// Writes what was taken into the shard of `array` (the slot's, or where it moved),
+    /// its chunks as that array stores them.
+    #[allow(clippy::too_many_arguments)]
+    fn write_at(
+        &self,
+        backing: &Backing,
+        slot: &ShardSlot,
+        array: &Arc<ArrayState>,
+        taken: &Taken,
+        mode: WriteMode,
+        journal: Option<Arc<Journal>>,
+        finishing: Option<Finishing>,
+        in_body: &BTreeMap<usize, InBody>,
+    ) -> Result<Written, FsError> {
+        let chosen = match stored_form(array, &taken.chosen) {
+            Ok(chosen) => chosen,
+            Err(e) => {
+                abandon_body(journal.as_deref(), finishing.as_ref());
+                return Err(e);
+            }
+        };
+        let moved = !Arc::ptr_eq(array, &slot.array);
+        let job = ShardJob {
+            backing,
+            moved,
+            within: Within {
+                rel: &array.rel,
+                dir: array.dir_id,
+                instance: &array.instance,
+            },
+            rel: &array.shard_rel(&slot.shard),
+            format: &array.layout.index,
+            chosen: &chosen,
+            deleted: &taken.deleted,
+            times: &taken.times,
+            cached: taken.cached.as_ref().filter(|_| !moved),
+            mode,
+        };
+        let result = self.run_job(&job, journal.as_deref(), finishing, in_body);
+        // The slot's cached index is of the shard at its own path.
+        result.map(|w| Written {
+            stored: w.stored.filter(|_| !moved),
+            ..w
+        })
     }
 
     /// Runs `job`, from the shard's body if it has one (`finishing`), and settles the body.

@@ -14,7 +14,7 @@ use crate::core::error::FsError;
 use crate::core::group::GroupView;
 use crate::sync::lock;
 use crate::zarr::{
-    LayoutError, METADATA_FILE, Node, ShardLayout, translate_consolidated, unsharded_view,
+    LayoutError, METADATA_FILE, Node, ShardLayout, shown_view, translate_consolidated,
 };
 
 #[derive(Clone, Debug)]
@@ -141,9 +141,10 @@ fn classify_document(
             warn!(file = %shown.display(), "not Zarr v3 metadata, shown as it is: {e}");
             DirClass::Plain
         }
-        Ok(Node::Array(meta)) => match (ShardLayout::of(&meta), unsharded_view(&meta)) {
+        Ok(Node::Array(meta)) => match (ShardLayout::of(&meta), shown_view(&meta)) {
             (Ok(Some(layout)), Ok(view)) => DirClass::ShardedArray(Arc::new(ArrayState {
                 rel: dir.to_path_buf(),
+                zstd: crate::zarr::transparent::of_stored(&meta),
                 meta,
                 layout,
                 view_json: Bytes::from(Node::Array(view).to_json_bytes()),
@@ -164,7 +165,7 @@ fn classify_document(
             if group.consolidated_entries().is_none() {
                 return DirClass::Group(None);
             }
-            let (view, refused) = translate_consolidated(&group, |_, a| unsharded_view(a));
+            let (view, refused) = translate_consolidated(&group, |_, a| shown_view(a));
             for (path, e) in refused {
                 if e != LayoutError::NotSharded {
                     info!(group = %shown.display(), entry = %path,

@@ -1,0 +1,204 @@
+//! Transparent zstd (`shardfs mount --compress`): raw arrays written through the mount by
+//! zarr-python and tensorstore are stored with `zstd`, read back through the mount as
+//! written (the writer's document, chunk files of their written size), read natively
+//! from BACKING by both clients, and survive a crash through the journal; an array that
+//! compresses already is stored as written; a mount without the option still undoes the
+//! compression, and keeps it when the document is rewritten.
+
+mod common;
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::time::Duration;
+
+use common::mount::{Mounted, dirs};
+use serde_json::{Value, json};
+
+const LIMIT: Duration = Duration::from_secs(600);
+const MARK: &str = "shardfs:transparent";
+const RAW: [&str; 3] = ["zp_raw", "zp_3d", "ts_raw"];
+
+fn script() -> String {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/transparent.py");
+    p.to_str().unwrap().to_string()
+}
+
+fn py(cmd: &str, root: &Path, expected: &Path) {
+    let (root, expected) = (root.to_str().unwrap(), expected.to_str().unwrap());
+    common::python_run(&[&script(), cmd, root, expected], &format!("{cmd} {root}"));
+}
+
+fn doc(path: &Path) -> Value {
+    let bytes = fs::read(path.join("zarr.json")).unwrap();
+    serde_json::from_slice(&bytes).unwrap()
+}
+
+/// The codecs of a stored (sharded) array's chunks.
+fn inner_codecs(stored: &Value) -> Vec<Value> {
+    let sharding = &stored["codecs"][0];
+    assert_eq!(sharding["name"], "sharding_indexed", "{stored}");
+    sharding["configuration"]["codecs"]
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+fn names(codecs: &[Value]) -> Vec<&str> {
+    codecs.iter().map(|c| c["name"].as_str().unwrap()).collect()
+}
+
+fn files_size(dir: &Path) -> u64 {
+    let mut total = 0;
+    for e in fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        let t = e.file_type().unwrap();
+        if t.is_dir() {
+            total += files_size(&e.path());
+        } else if e.file_name() != "zarr.json" {
+            total += e.metadata().unwrap().len();
+        }
+    }
+    total
+}
+
+/// What the mount shows is what each writer wrote: no `zstd` it did not ask for, no
+/// mark, chunk files of their raw size.
+fn shown_as_written(m: &Mounted) {
+    for a in RAW {
+        let shown = doc(&m.path(a));
+        assert_eq!(
+            names(shown["codecs"].as_array().unwrap()),
+            ["bytes"],
+            "{a}: {shown}"
+        );
+        assert!(shown["attributes"].get(MARK).is_none(), "{a}: {shown}");
+    }
+    let own = doc(&m.path("zp_own"));
+    assert_eq!(names(own["codecs"].as_array().unwrap()), ["bytes", "zstd"]);
+    assert_eq!(own["codecs"][1]["configuration"]["level"], 1);
+    // 16 x 16 float32: 1024 bytes written, whatever is stored.
+    let len = fs::metadata(m.path("zp_raw/c/1/1")).unwrap().len();
+    assert_eq!(len, 1024);
+}
+
+/// BACKING holds the raw arrays compressed and marked, the writer's own zstd untouched.
+fn stored_compressed(backing: &Path) {
+    for a in RAW {
+        let stored = doc(&backing.join(a));
+        let codecs = inner_codecs(&stored);
+        assert_eq!(names(&codecs), ["bytes", "zstd"], "{a}: {stored}");
+        assert_eq!(codecs[1]["configuration"]["level"], 3, "{a}");
+        assert_eq!(stored["attributes"][MARK], "zstd", "{a}");
+    }
+    let own = doc(&backing.join("zp_own"));
+    let codecs = inner_codecs(&own);
+    assert_eq!(names(&codecs), ["bytes", "zstd"], "{own}");
+    assert_eq!(codecs[1]["configuration"]["level"], 1);
+    assert!(own["attributes"].get(MARK).is_none(), "{own}");
+    // Smooth float32: zstd finds something (the raw chunks are 50 x 70 x 4 bytes).
+    let stored = files_size(&backing.join("zp_raw"));
+    assert!(stored < 50 * 70 * 4, "zp_raw stored in {stored} bytes");
+}
+
+/// Writes `data` to the chunk file at `path` and fsyncs it: acknowledged, durable.
+fn write_synced(path: &Path, data: &[u8]) {
+    fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o644)
+        .open(path)
+        .unwrap();
+    f.write_all(data).unwrap();
+    f.sync_all().unwrap();
+}
+
+const BYTES_1D: &str = r#"{"zarr_format":3,"node_type":"array","shape":[128],"data_type":"uint8",
+"chunk_grid":{"name":"regular","configuration":{"chunk_shape":[16]}},
+"chunk_key_encoding":{"name":"default","configuration":{"separator":"/"}},
+"fill_value":0,"codecs":[{"name":"bytes"}],"attributes":{}}"#;
+
+/// fsynced chunks of a compressed array come back after a SIGKILL: one in the body of a
+/// shard not written yet, one over a shard that exists (a shared record).
+fn fsynced_chunks_survive_a_crash(m: Mounted, args: &[&str]) -> Mounted {
+    let dir = m.path("crash");
+    fs::create_dir_all(&dir).unwrap();
+    fs::write(dir.join("zarr.json"), BYTES_1D).unwrap();
+    fs::create_dir_all(dir.join("c")).unwrap();
+    for k in 4..8u8 {
+        fs::write(dir.join(format!("c/{k}")), [k; 16]).unwrap();
+    }
+    write_synced(&dir.join("c/0"), &[0xA0; 16]);
+    write_synced(&dir.join("c/5"), &[0xB5; 16]);
+    let m = m.crash_and_remount(args, LIMIT);
+    let dir = m.path("crash");
+    assert_eq!(fs::read(dir.join("c/0")).unwrap(), [0xA0; 16]);
+    assert_eq!(fs::read(dir.join("c/5")).unwrap(), [0xB5; 16]);
+    assert_eq!(fs::read(dir.join("c/6")).unwrap(), [6; 16]);
+    m
+}
+
+#[test]
+fn raw_chunks_are_stored_compressed_and_read_as_written() {
+    let (_dir, backing, expected) = dirs();
+    let args = ["--compress", "zstd:3", "--chunks-per-shard", "4"];
+    let m = Mounted::new(&backing, &args, LIMIT);
+    py("write", &m.mountpoint, &expected);
+    shown_as_written(&m);
+    py("check", &m.mountpoint, &expected);
+    // Durable before the crash below (which takes what was not).
+    let flushed = common::shardfs(&["flush", m.mountpoint.to_str().unwrap()]);
+    common::assert_ok(&flushed, "flush");
+    let m = fsynced_chunks_survive_a_crash(m, &args);
+    common::assert_ok(&m.unmount(&[]), "unmount");
+    drop(m);
+
+    stored_compressed(&backing);
+    py("check", &backing, &expected);
+    let v = common::shardfs(&["verify", backing.to_str().unwrap()]);
+    common::assert_ok(&v, "verify");
+    let code = "import sys, zarr\nassert (zarr.open_array(sys.argv[1])[:16] == 0xA0).all()\n\
+                assert (zarr.open_array(sys.argv[1])[80:96] == 0xB5).all()";
+    common::mount::python_ok("native read", code, &[&backing.join("crash")]);
+
+    // Without the option: still shown and read as written, and an attribute written
+    // through the mount keeps the array compressed.
+    let m = Mounted::new(&backing, &[], LIMIT);
+    shown_as_written(&m);
+    py("check", &m.mountpoint, &expected);
+    let code = "import sys, zarr\nzarr.open_array(sys.argv[1]).attrs['units'] = 'm'";
+    common::mount::python_ok("attribute", code, &[&m.path("zp_raw")]);
+    shown_as_written(&m);
+    common::assert_ok(&m.unmount(&[]), "unmount");
+    drop(m);
+    stored_compressed(&backing);
+    assert_eq!(doc(&backing.join("zp_raw"))["attributes"]["units"], "m");
+    py("check", &backing, &expected);
+}
+
+/// A writer's document is the writer's: a mark in it (copied from BACKING, or forged)
+/// does not make the mount undo a `zstd` the writer's chunks really have.
+#[test]
+fn a_mark_in_a_writers_document_is_not_the_mounts() {
+    let (_dir, backing, _) = dirs();
+    let m = Mounted::new(&backing, &["--compress", "zstd"], LIMIT);
+    let mut forged: Value = serde_json::from_str(BYTES_1D).unwrap();
+    forged["codecs"] = json!([{"name": "bytes"}, {"name": "zstd", "configuration": {"level": 1, "checksum": false}}]);
+    forged["attributes"] = json!({MARK: "zstd"});
+    let dir = m.path("forged");
+    fs::create_dir_all(&dir).unwrap();
+    fs::write(dir.join("zarr.json"), forged.to_string()).unwrap();
+    let shown = doc(&dir);
+    assert_eq!(
+        names(shown["codecs"].as_array().unwrap()),
+        ["bytes", "zstd"]
+    );
+    common::assert_ok(&m.unmount(&[]), "unmount");
+    drop(m);
+    let stored = doc(&backing.join("forged"));
+    assert_eq!(names(&inner_codecs(&stored)), ["bytes", "zstd"], "{stored}");
+    assert!(stored["attributes"].get(MARK).is_none(), "{stored}");
+}
