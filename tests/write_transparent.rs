@@ -202,3 +202,140 @@ fn a_mark_in_a_writers_document_is_not_the_mounts() {
     assert_eq!(names(&inner_codecs(&stored)), ["bytes", "zstd"], "{stored}");
     assert!(stored["attributes"].get(MARK).is_none(), "{stored}");
 }
+
+/// A raw array of 4 chunks of 16 bytes per shard, through `m`, its chunks written.
+fn small(m: &Mounted, name: &str, chunks: u8) -> std::path::PathBuf {
+    let dir = m.path(name);
+    fs::create_dir_all(dir.join("c")).unwrap();
+    fs::write(dir.join("zarr.json"), BYTES_1D).unwrap();
+    for k in 0..chunks {
+        fs::write(dir.join(format!("c/{k}")), [k + 1; 16]).unwrap();
+    }
+    dir
+}
+
+fn chunks_read(dir: &Path, chunks: u8) {
+    for k in 0..chunks {
+        let got = fs::read(dir.join(format!("c/{k}"))).unwrap();
+        assert_eq!(got, [k + 1; 16], "{}/c/{k}", dir.display());
+    }
+}
+
+/// A `zarr.json` removed (or moved away) and put back makes an array anew over the shards
+/// it had: they decide whether it is compressed, not the option of the mount that sees it
+/// come back (else its chunks would be read in the wrong form, found by the attack).
+#[test]
+fn a_document_put_back_follows_its_shards() {
+    let (_dir, backing, _) = dirs();
+    let args = ["--compress", "zstd", "--chunks-per-shard", "4"];
+    let m = Mounted::new(&backing, &args, LIMIT);
+    small(&m, "marked", 8);
+    small(&m, "moved", 8);
+    common::assert_ok(&m.unmount(&[]), "unmount");
+    drop(m);
+    let m = Mounted::new(&backing, &["--chunks-per-shard", "4"], LIMIT);
+    small(&m, "plain", 8);
+    let shown = fs::read(m.path("marked/zarr.json")).unwrap();
+    fs::remove_file(m.path("marked/zarr.json")).unwrap();
+    fs::write(m.path("marked/zarr.json"), &shown).unwrap();
+    fs::rename(m.path("moved/zarr.json"), m.path("moved/zarr.json.bak")).unwrap();
+    fs::rename(m.path("moved/zarr.json.bak"), m.path("moved/zarr.json")).unwrap();
+    for a in ["marked", "moved", "plain"] {
+        chunks_read(&m.path(a), 8);
+    }
+    common::assert_ok(&m.unmount(&[]), "unmount");
+    drop(m);
+    // And the other way: an array of raw shards, its document put back through a mount
+    // that compresses, stays raw.
+    let m = Mounted::new(&backing, &args, LIMIT);
+    let shown = fs::read(m.path("plain/zarr.json")).unwrap();
+    fs::remove_file(m.path("plain/zarr.json")).unwrap();
+    fs::write(m.path("plain/zarr.json"), &shown).unwrap();
+    chunks_read(&m.path("plain"), 8);
+    common::assert_ok(&m.unmount(&[]), "unmount");
+    drop(m);
+    for (a, compressed) in [("marked", true), ("moved", true), ("plain", false)] {
+        let stored = doc(&backing.join(a));
+        let codecs = names(&inner_codecs(&stored)).join(",");
+        assert_eq!(codecs == "bytes,zstd", compressed, "{a}: {stored}");
+        assert_eq!(stored["attributes"].get(MARK).is_some(), compressed, "{a}");
+    }
+    let code = "import sys, zarr, numpy as np\nfor p in sys.argv[1:]:\n    \
+                assert (zarr.open_array(p)[:] == np.repeat(np.arange(1, 9), 16)[:128]).all(), p";
+    let paths: Vec<_> = ["marked", "moved", "plain"]
+        .map(|a| backing.join(a))
+        .to_vec();
+    let paths: Vec<&Path> = paths.iter().map(|p| p.as_path()).collect();
+    common::mount::python_ok("native reads", code, &paths);
+    common::assert_ok(
+        &common::shardfs(&["verify", backing.to_str().unwrap()]),
+        "verify",
+    );
+}
+
+/// The shard of `dir` holding chunks 0..4 rebuilt natively with `frame` at position 0.
+fn plant(dir: &Path, frame: Vec<u8>) {
+    use shardfs::shard::{ShardBuilder, read_index};
+    let meta = match shardfs::zarr::Node::parse(&fs::read(dir.join("zarr.json")).unwrap()) {
+        Ok(shardfs::zarr::Node::Array(a)) => a,
+        other => panic!("{other:?}"),
+    };
+    let layout = shardfs::zarr::ShardLayout::of(&meta).unwrap().unwrap();
+    let path = dir.join("c/0");
+    let old = fs::read(&path).unwrap();
+    let file = fs::File::open(&path).unwrap();
+    let index = read_index(&file, old.len() as u64, &layout.index).unwrap();
+    let mut b = ShardBuilder::new(layout.index.clone());
+    for (pos, r) in index.present() {
+        let bytes = old[r.offset as usize..(r.offset + r.nbytes) as usize].to_vec();
+        b.set(pos, vec![bytes.into()]);
+    }
+    b.set(0, vec![frame.into()]);
+    fs::write(&path, b.build().unwrap().to_vec()).unwrap();
+}
+
+/// A chunk of a compressed array holds no more than its raw size: a write past it is
+/// refused (EFBIG), and a frame placed in BACKING that claims or gives more (a bomb: a
+/// few bytes that decompress to far more) reads as EIO, shown at the raw size, never
+/// decompressed past it; the rest of the shard reads, the daemon lives, `verify` says which.
+#[test]
+fn a_compressed_chunk_never_holds_more_than_its_raw_size() {
+    let (_dir, backing, _) = dirs();
+    let args = ["--compress", "zstd", "--chunks-per-shard", "4"];
+    let m = Mounted::new(&backing, &args, LIMIT);
+    let dir = small(&m, "a", 8);
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .open(dir.join("c/2"))
+        .unwrap();
+    let too_long = std::os::unix::fs::FileExt::write_at(&f, &[9u8; 17], 0);
+    assert_eq!(common::mount::errno_of(too_long), Some(libc::EFBIG));
+    let too_long = f.set_len(17);
+    assert_eq!(common::mount::errno_of(too_long), Some(libc::EFBIG));
+    drop(f);
+    chunks_read(&dir, 8);
+    common::assert_ok(&m.unmount(&[]), "unmount");
+    drop(m);
+
+    let declared = zstd::bulk::compress(&vec![0u8; 64 << 20], 3).unwrap();
+    let mut undeclared = zstd::stream::Encoder::new(Vec::new(), 3).unwrap();
+    undeclared.include_contentsize(false).unwrap();
+    undeclared.write_all(&vec![0u8; 64 << 20]).unwrap();
+    let undeclared = undeclared.finish().unwrap();
+    for bomb in [declared, undeclared] {
+        plant(&backing.join("a"), bomb);
+        let m = Mounted::new(&backing, &[], LIMIT);
+        let c0 = m.path("a/c/0");
+        assert_eq!(fs::metadata(&c0).unwrap().len(), 16, "shown at its most");
+        assert_eq!(common::mount::errno_of(fs::read(&c0)), Some(libc::EIO));
+        for k in 1..8u8 {
+            assert_eq!(fs::read(m.path(&format!("a/c/{k}"))).unwrap(), [k + 1; 16]);
+        }
+        assert!(m.daemon_alive());
+        common::assert_ok(&m.unmount(&[]), "unmount");
+        drop(m);
+        let v = common::shardfs(&["verify", backing.to_str().unwrap()]);
+        assert_eq!(v.status.code(), Some(1), "{}", common::stdout(&v));
+        assert!(common::stdout(&v).contains("not a zstd frame of 16 bytes"));
+    }
+}

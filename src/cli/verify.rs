@@ -8,6 +8,7 @@ use super::{CliError, Verdict};
 use crate::grid;
 use crate::shard::read_index;
 use crate::zarr::layout::{fixed_chunk_bytes, regular_chunk_shape};
+use crate::zarr::transparent;
 use crate::zarr::{
     ArrayMetadata, ChunkKeyEncoding, GroupMetadata, KeyError, METADATA_FILE, Node, ShardLayout,
 };
@@ -123,6 +124,7 @@ impl Checker {
         };
         let shard_grid = layout.shard_grid_shape();
         let fixed = fixed_chunk_bytes(array);
+        let compressed = transparent::of_stored(array);
         let (files, _) = key_files(dir, layout.key_encoding, layout.ndim())?;
         for f in files {
             if !grid::inside(&f.coords, &shard_grid) {
@@ -149,10 +151,41 @@ impl Checker {
                     if let Some(size) = fixed {
                         self.chunk_sizes(&f.path, &layout, &f.coords, &index, size);
                     }
+                    if let Some(z) = compressed {
+                        self.chunk_frames(&file, &f.path, &layout, &f.coords, &index, z.max);
+                    }
                 }
             }
         }
         Ok(())
+    }
+
+    /// Every chunk of an array a mount compresses (`zarr::transparent`) must be a zstd
+    /// frame that declares its raw size (as the mount writes them).
+    fn chunk_frames(
+        &mut self,
+        file: &File,
+        path: &Path,
+        layout: &ShardLayout,
+        shard: &[u64],
+        index: &crate::shard::ShardIndex,
+        raw: u64,
+    ) {
+        for (pos, range) in index.present() {
+            let head = crate::shard::read_chunk_part(file, range, 0, transparent::HEADER_MAX);
+            let declared = head.ok().and_then(|h| transparent::content_size(&h));
+            if declared != Some(raw) {
+                let coords = layout.chunk_coords(shard, pos);
+                let said = declared.map_or("no size".to_string(), |n| format!("{n} bytes"));
+                self.problem(
+                    path,
+                    format!(
+                        "chunk {coords:?} is not a zstd frame of {raw} bytes (its header \
+                         says {said}); the mount compresses this array's raw chunks"
+                    ),
+                );
+            }
+        }
     }
 
     /// Every chunk of a shard whose codecs fix its size must have that size.

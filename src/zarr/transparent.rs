@@ -74,7 +74,20 @@ pub fn level_of(view: &ArrayMetadata) -> Option<i32> {
 /// The transparent zstd of the stored sharded array `meta`, if the mount added one.
 pub fn of_stored(meta: &ArrayMetadata) -> Option<Zstd> {
     let view = super::unsharded_view(meta).ok()?;
-    level_of(&view).map(|level| Zstd { level })
+    let level = level_of(&view)?;
+    Some(Zstd {
+        level,
+        max: raw_chunk_bytes(&view).unwrap_or(crate::limits::MAX_FILE_BYTES),
+    })
+}
+
+/// What a raw chunk of the unsharded array `view` holds: its elements times their size
+/// (`transpose` and `bytes` change neither), within what a file may hold.
+pub fn raw_chunk_bytes(view: &ArrayMetadata) -> Option<u64> {
+    let shape = super::layout::regular_chunk_shape(view).ok()?;
+    let elements = shape.iter().try_fold(1u64, |a, &b| a.checked_mul(b))?;
+    let bytes = elements.checked_mul(view.item_size()?)?;
+    Some(bytes.min(crate::limits::MAX_FILE_BYTES))
 }
 
 /// What the writer wrote, from the stored array's unsharded view: without the `zstd` and
@@ -95,6 +108,10 @@ pub fn shown(mut view: ArrayMetadata) -> ArrayMetadata {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Zstd {
     pub level: i32,
+    /// The most a chunk of the array holds (`raw_chunk_bytes`): what a write may make of
+    /// one, and what a frame may decompress to. A frame that claims or gives more is
+    /// damage (or a bomb placed in BACKING), never decompressed further.
+    pub max: u64,
 }
 
 /// The most a zstd frame header takes (`ZSTD_FRAMEHEADERSIZE_MAX`): what `content_size`
@@ -177,7 +194,7 @@ mod tests {
 
     #[test]
     fn chunks_come_back_as_written_and_bombs_are_refused() {
-        let z = Zstd { level: 3 };
+        let z = Zstd { level: 3, max: 0 };
         let parts = [Bytes::from(vec![7u8; 1000]), Bytes::from_static(b"tail")];
         let frame = z.encode(&parts).unwrap();
         assert_eq!(content_size(&frame[..HEADER_MAX as usize]), Some(1004));

@@ -107,6 +107,7 @@ impl ShardFs {
         }
         match sharded {
             Ok(sharded) if self.array_at(dir)?.is_none() => {
+                let sharded = self.as_its_shards_are(dir, &meta, sharded);
                 // Nothing new may appear in plain directories until the array exists, so
                 // that every chunk file written before is imported.
                 let _exclusive = self.plain_names.write().unwrap_or_else(|e| e.into_inner());
@@ -192,6 +193,99 @@ impl ShardFs {
             Some(stored) => sharded_with(&stored, &cps, location),
             None => sharded_with(meta, &cps, location),
         }
+    }
+
+    /// A new array's document over shards already in its directory (its `zarr.json` was
+    /// removed and put back, or moved away and back): whether the mount compresses it is
+    /// what those shards' chunks say, whatever this mount's option, since they stay as
+    /// they are. A raw chunk holds exactly its raw size; a compressed one is a frame of
+    /// another size. The first shard with a chunk decides.
+    fn as_its_shards_are(
+        &self,
+        dir: &Path,
+        meta: &ArrayMetadata,
+        sharded: ArrayMetadata,
+    ) -> ArrayMetadata {
+        let meta = transparent::unmarked(meta);
+        let raw_size = match transparent::raw(&meta.codecs) {
+            true => transparent::raw_chunk_bytes(&meta),
+            false => None,
+        };
+        let (Some(raw_size), Ok(Some(layout))) = (raw_size, ShardLayout::of(&sharded)) else {
+            return sharded;
+        };
+        let found = self.backing.identify(dir).ok().flatten();
+        let Some(array) = found.and_then(|f| draft_array(dir, &sharded, f)) else {
+            return sharded;
+        };
+        let mut budget = PROBED_FILES;
+        let sizes = self.first_shard_sizes(&array, dir, &KeyNode::Root, &mut budget);
+        let Some(sizes) = sizes else {
+            return sharded;
+        };
+        let compressed = sizes.iter().any(|&n| n != raw_size);
+        if compressed == array.zstd.is_some() {
+            return sharded;
+        }
+        info!(array = %self.backing.path(dir).display(), compressed,
+            "the array's shards decide whether the mount compresses it");
+        let level = self.config.compress.unwrap_or(3);
+        let form = match compressed {
+            true => transparent::marked(&meta, level).unwrap_or(meta),
+            false => meta,
+        };
+        sharded_with(&form, layout.chunks_per_shard(), layout.index.location).unwrap_or(sharded)
+    }
+
+    /// The sizes of the chunks in the first shard file below `rel` that holds any (looking
+    /// at no more than `budget` files).
+    fn first_shard_sizes(
+        &self,
+        array: &ArrayState,
+        rel: &Path,
+        node: &KeyNode,
+        budget: &mut usize,
+    ) -> Option<Vec<u64>> {
+        for entry in self.backing.list(rel).ok()? {
+            let name = entry.name.to_str()?;
+            let path = rel.join(name);
+            match (array.classify_name(node, name), entry.kind.is_dir()) {
+                (ArrayName::Key(KeyNode::Chunk(coords)), false) => {
+                    if *budget == 0 {
+                        return None;
+                    }
+                    *budget -= 1;
+                    if let Some(sizes) = self.shard_chunk_sizes(array, &coords, &path) {
+                        return Some(sizes);
+                    }
+                }
+                (ArrayName::Key(child @ KeyNode::Dir(_)), true) => {
+                    let found = self.first_shard_sizes(array, &path, &child, budget);
+                    if found.is_some() || *budget == 0 {
+                        return found;
+                    }
+                }
+                _ => {}
+            }
+        }
+        None
+    }
+
+    /// The sizes of the chunks the file at `rel` holds, if it is a shard of `array` with any.
+    fn shard_chunk_sizes(
+        &self,
+        array: &ArrayState,
+        coords: &[u64],
+        rel: &Path,
+    ) -> Option<Vec<u64>> {
+        if !crate::grid::inside(coords, &array.layout.shard_grid_shape()) {
+            return None;
+        }
+        let file = self.backing.open(rel).ok()?;
+        let len = file.metadata().ok()?.len();
+        let index = crate::shard::read_index(&file, len, &array.layout.index).ok()?;
+        let sizes: Vec<u64> = index.present().map(|(_, r)| r.nbytes).collect();
+        (!sizes.is_empty()).then_some(sizes)
     }
 
     /// Writers that copy a tree (cp -r, rsync) may write an array's chunk files before its
@@ -448,6 +542,11 @@ fn chunk_key_below(array: &ArrayState, dir: &Path, rel: &Path) -> Option<Vec<u64
         _ => None,
     }
 }
+
+/// How many files at chunk keys a new array's document looks at for a shard
+/// (`as_its_shards_are`): chunk files written before it are not shards, and a directory of
+/// them is not read through for one.
+const PROBED_FILES: usize = 64;
 
 /// Where a chunk file written before its array's metadata waits while it is imported.
 fn staged(rel: &Path) -> PathBuf {

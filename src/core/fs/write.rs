@@ -74,11 +74,18 @@ fn set_file_attr(file: &std::fs::File, set: &SetAttr) -> Result<(), FsError> {
 
 /// Refuses a file end past what a file in memory may hold (or past any number):
 /// `MAX_FILE_BYTES`, or `MAX_METADATA_BYTES` for a `zarr.json`.
-fn check_size(rel: &Path, end: Option<u64>) -> Result<(), FsError> {
-    let limit = if rel.file_name() == Some(METADATA_FILE.as_ref()) {
-        MAX_METADATA_BYTES
-    } else {
-        MAX_FILE_BYTES
+fn check_size(info: &crate::core::NodeInfo, end: Option<u64>) -> Result<(), FsError> {
+    let rel = &info.rel;
+    // A chunk of an array the mount compresses holds no more than its raw size: one of
+    // more could be written, and never read back (`transparent::Zstd::max`).
+    let (limit, what) = match &info.kind {
+        _ if rel.file_name() == Some(METADATA_FILE.as_ref()) => (MAX_METADATA_BYTES, ""),
+        NodeKind::Chunk { array, .. } if let Some(z) = array.zstd => (
+            z.max,
+            " (what a chunk of this array holds: its mount compresses it, and a chunk \
+             can hold no more than its shape times its data type's size)",
+        ),
+        _ => (MAX_FILE_BYTES, ""),
     };
     match end {
         Some(end) if end <= limit => Ok(()),
@@ -86,8 +93,8 @@ fn check_size(rel: &Path, end: Option<u64>) -> Result<(), FsError> {
             rel,
             Rule::TooBig,
             match end {
-                Some(end) => format!("an end at byte {end}, past the limit of {limit} bytes"),
-                None => format!("an end past any offset, the limit being {limit} bytes"),
+                Some(end) => format!("an end at byte {end}, past the limit of {limit} bytes{what}"),
+                None => format!("an end past any offset, the limit being {limit} bytes{what}"),
             },
         )),
     }
@@ -171,7 +178,7 @@ impl ShardFs {
         {
             return Err(FsError::Stale);
         }
-        check_size(&info.rel, offset.checked_add(data.len() as u64))?;
+        check_size(&info, offset.checked_add(data.len() as u64))?;
         self.inodes.changed_here(h.ino);
         let segment = Bytes::copy_from_slice(data);
         self.change_file(Some(h), &info.kind, |d| d.write(offset, segment.clone()))?;
@@ -502,7 +509,7 @@ impl ShardFs {
     /// the permissions and times it reports.
     fn set_held_attr(&self, info: &crate::core::NodeInfo, set: &SetAttr) -> Result<(), FsError> {
         if let Some(size) = set.change.size {
-            check_size(&info.rel, Some(size))?;
+            check_size(info, Some(size))?;
             if size == 0
                 && let NodeKind::Chunk { array, coords } = &info.kind
             {

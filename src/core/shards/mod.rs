@@ -615,7 +615,7 @@ impl ShardRegistry {
                     file: open.file,
                     pos: loc.pos,
                     shard: Arc::new(open.stored.clone()),
-                    zstd: array.zstd.is_some(),
+                    zstd: array.zstd.map(|z| z.max),
                     decoded: Arc::default(),
                 }),
             },
@@ -698,7 +698,7 @@ impl ShardRegistry {
         let bytes =
             crate::shard::read_whole_chunk(&open.file, range, crate::limits::MAX_FILE_BYTES)?;
         let bytes = match array.zstd {
-            Some(_) => stored::decode(&bytes, &array.shard_rel(&loc.shard))?,
+            Some(z) => stored::decode(&bytes, &array.shard_rel(&loc.shard), z.max)?,
             None => Bytes::from(bytes),
         };
         Ok((FileData::from_bytes(bytes), Some(since)))

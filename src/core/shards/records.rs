@@ -80,7 +80,7 @@ impl ShardRegistry {
         let held = match data {
             Some(bytes) => {
                 let bytes = match array.zstd {
-                    Some(_) => super::stored::decode(&bytes, &array.rel)?,
+                    Some(z) => super::stored::decode(&bytes, &array.rel, z.max)?,
                     None => bytes,
                 };
                 let file = Arc::new(MemFile::new(FileData::from_bytes(bytes), 0o644));

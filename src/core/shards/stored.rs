@@ -129,8 +129,9 @@ pub struct StoredChunk {
     /// Its position in the shard, and the shard version's index (for its stamp).
     pub(crate) pos: usize,
     pub(crate) shard: Arc<StoredIndex>,
-    /// Stored compressed by the mount (`ArrayState::zstd`): read, it is decompressed.
-    pub(crate) zstd: bool,
+    /// Stored compressed by the mount (`ArrayState::zstd`): read, it is decompressed, to
+    /// no more than this many bytes.
+    pub(crate) zstd: Option<u64>,
     /// The chunk decompressed, once read: shared by the clones a handle pins, so that a
     /// reader's many requests decompress it once.
     pub(crate) decoded: Arc<std::sync::Mutex<Option<Bytes>>>,
@@ -177,7 +178,7 @@ impl StoredChunk {
     /// The whole chunk as written, in memory: refused (EFBIG) when its index (or its
     /// compressed frame) says more than a file may hold (`read_whole_chunk`).
     pub fn read(&self) -> Result<Bytes, FsError> {
-        if self.zstd {
+        if self.zstd.is_some() {
             return self.decoded();
         }
         Ok(Bytes::from(crate::shard::read_whole_chunk(
@@ -188,7 +189,7 @@ impl StoredChunk {
     }
 
     pub fn read_part(&self, offset: u64, size: u64) -> Result<Bytes, FsError> {
-        if self.zstd {
+        if self.zstd.is_some() {
             let whole = self.decoded()?;
             let start = offset.min(whole.len() as u64) as usize;
             let end = offset.saturating_add(size).min(whole.len() as u64) as usize;
@@ -199,18 +200,29 @@ impl StoredChunk {
         )?))
     }
 
-    /// The chunk's size as written: a compressed one's frame says it in its header.
+    /// The chunk's size as written: a compressed one's frame says it in its header. A
+    /// damaged one (a claim past what a chunk of its array holds, a frame that does not
+    /// decompress) is shown at that most, so that a reader asks for it and gets EIO.
     pub fn size(&self) -> Result<u64, FsError> {
-        if !self.zstd {
+        let Some(max) = self.zstd else {
             return Ok(self.range.nbytes);
-        }
+        };
         if let Some(b) = &*crate::sync::lock(&self.decoded) {
             return Ok(b.len() as u64);
         }
         let head = read_chunk_part(&self.file, self.range, 0, transparent::HEADER_MAX)?;
         match transparent::content_size(&head) {
+            Some(n) if n > max => {
+                warn!(shard = %self.rel.display(), declared = n, max,
+                    "a compressed chunk claims more than a chunk of its array holds: read as EIO");
+                Ok(max)
+            }
             Some(n) => Ok(n),
-            None => Ok(self.decoded()?.len() as u64),
+            None => match self.decoded() {
+                Ok(b) => Ok(b.len() as u64),
+                Err(FsError::Io(e)) if e.raw_os_error() == Some(libc::EIO) => Ok(max),
+                Err(e) => Err(e),
+            },
         }
     }
 
@@ -221,18 +233,20 @@ impl StoredChunk {
         }
         let stored =
             crate::shard::read_whole_chunk(&self.file, self.range, crate::limits::MAX_FILE_BYTES)?;
-        let b = decode(&stored, &self.rel)?;
+        let b = decode(&stored, &self.rel, self.zstd.unwrap_or(0))?;
         *cached = Some(b.clone());
         Ok(b)
     }
 }
 
-/// A chunk the mount compressed (`transparent::Zstd`), as written; damage is EIO, said
-/// with the shard's name.
-pub(crate) fn decode(stored: &[u8], shard: &Path) -> Result<Bytes, FsError> {
-    transparent::Zstd::decode(stored, crate::limits::MAX_FILE_BYTES).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::InvalidData {
-            warn!(shard = %shard.display(), "a compressed chunk does not decompress: {e}");
+/// A chunk the mount compressed (`transparent::Zstd`), as written, of at most `max`
+/// bytes; damage, or more than `max` (a bomb), is EIO, said with the shard's name.
+pub(crate) fn decode(stored: &[u8], shard: &Path, max: u64) -> Result<Bytes, FsError> {
+    transparent::Zstd::decode(stored, max).map_err(|e| {
+        let bomb = e.raw_os_error() == Some(libc::EFBIG);
+        if e.kind() == std::io::ErrorKind::InvalidData || bomb {
+            warn!(shard = %shard.display(), max,
+                "a compressed chunk does not decompress to at most {max} bytes: {e}");
             return FsError::Io(std::io::Error::from_raw_os_error(libc::EIO));
         }
         e.into()
