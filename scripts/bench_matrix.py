@@ -20,6 +20,7 @@ driver, not the speed. Output: JSON on stdout, a markdown table with `--markdown
 
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -111,18 +112,43 @@ def peak_rss_mib(pid):
     return None
 
 
+def cpu_seconds(pid):
+    """User + system CPU seconds of process `pid` so far (its threads included)."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_seconds():
+    """User + system CPU seconds of this process (the writer: its threads included)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def stats_of(shardfs, mountpoint):
+    return json.loads(subprocess.run([shardfs, "stats", mountpoint], check=True,
+                                     capture_output=True, text=True).stdout)
+
+
 class Mounted:
-    """A mount for one run: stats and the daemon's peak RSS are read before unmounting."""
+    """A mount for one run: stats, the daemon's CPU time and peak RSS are read before
+    unmounting (after a flush, so that they include writing the last shards)."""
 
     def __init__(self, shardfs, backing, mountpoint, extra=()):
         self.shardfs, self.mountpoint = shardfs, mountpoint
         os.makedirs(mountpoint, exist_ok=True)
         subprocess.run([shardfs, "mount", backing, mountpoint, *extra], check=True)
         self.pid = daemon_pid(mountpoint)
+        # The requests of mounting (and of this reading) are not the writer's.
+        self.requests_before = stats_of(shardfs, mountpoint).get("fuse_requests", {})
 
-    def finish(self):
-        stats = json.loads(subprocess.run([self.shardfs, "stats", self.mountpoint],
-                                          check=True, capture_output=True, text=True).stdout)
+    def finish(self, flush=False):
+        if flush:
+            subprocess.run([self.shardfs, "flush", self.mountpoint], check=True,
+                           capture_output=True)
+        stats = stats_of(self.shardfs, self.mountpoint)
+        stats["daemon_cpu_s"] = cpu_seconds(self.pid)
+        stats["requests_sent"] = requests_between(self.requests_before,
+                                                  stats.get("fuse_requests", {}))
         rss = peak_rss_mib(self.pid)
         done = subprocess.run([self.shardfs, "unmount", self.mountpoint])
         if done.returncode != 0:
@@ -132,10 +158,29 @@ class Mounted:
         return stats, rss
 
 
+def requests_between(before, after):
+    """Requests of each kind sent between two stats readings (the second reading's own
+    lookup, open and reads of the control file included: a handful)."""
+    out = {}
+    for kind, c in after.items():
+        n = c["count"] - before.get(kind, {}).get("count", 0)
+        if n:
+            out[kind] = n
+    return out
+
+
 def timed(fn):
     t = time.perf_counter()
     fn()
     return time.perf_counter() - t
+
+
+def timed_cpu(fn):
+    """(wall seconds, this process's CPU seconds) of `fn`."""
+    c = own_cpu_seconds()
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t, own_cpu_seconds() - c
 
 
 def fresh(path):
@@ -143,36 +188,68 @@ def fresh(path):
     os.makedirs(path)
 
 
-def write_row(args, writer, arr, cps, n_chunk_shard, native_sharded=True):
-    """Native unsharded, native sharded and mounted times of one writer, interleaved."""
+def spread(xs):
+    """median, min, max of a list of numbers."""
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
+
+
+def write_row(args, writer, arr, cps, n_chunk_shard, chunks, native_sharded=True):
+    """Native unsharded and mounted times of one writer, interleaved round by round (the
+    VM's speed drifts: a round's two runs see the same machine), with CPU times, the
+    kernel's requests per chunk, and once the native sharded time."""
     target = os.path.join(args.dir, "w")
     mnt = os.path.join(args.dir, "mnt")
-    native, mounted, rss, writes, merges = [], [], [], [], []
+    rounds = []
     for _ in range(args.runs):
         fresh(target)
-        native.append(timed(lambda: writer(None)(os.path.join(target, "a"), arr)))
+        native, native_cpu = timed_cpu(lambda: writer(None)(os.path.join(target, "a"), arr))
         fresh(target)
         t = time.perf_counter()
+        c = own_cpu_seconds()
         m = Mounted(args.shardfs, target, mnt, ["--chunks-per-shard", str(cps)])
         try:
             writer(None)(os.path.join(mnt, "a"), arr)
+            writer_cpu = own_cpu_seconds() - c
         finally:
-            stats, peak = m.finish()
-        mounted.append(time.perf_counter() - t)
-        rss.append(peak)
-        writes.append(stats["shards_written"])
-        merges.append(stats["merges"])
+            stats, peak = m.finish(flush=True)
+        rounds.append({"native_s": native, "native_cpu_s": native_cpu,
+                       "mount_s": time.perf_counter() - t, "writer_cpu_s": writer_cpu,
+                       "daemon_cpu_s": stats["daemon_cpu_s"], "rss": peak,
+                       "writes": stats["shards_written"], "merges": stats["merges"],
+                       "requests": stats["requests_sent"]})
     got = zarr.open_array(os.path.join(target, "a"), mode="r")[...]
     assert np.array_equal(got, arr), "what the mount wrote differs"
-    row = {"native_unsharded_s": statistics.median(native),
-           "mount_s": statistics.median(mounted),
-           "shard_writes": writes, "merges": merges, "daemon_peak_rss_mib": max(rss)}
-    row["ratio_vs_native_unsharded"] = row["mount_s"] / row["native_unsharded_s"]
+    row = summarize(rounds, chunks)
     if native_sharded:
         fresh(target)
         row["native_sharded_s"] = timed(
             lambda: writer(n_chunk_shard)(os.path.join(target, "a"), arr))
         row["mount_speedup_vs_native_sharded"] = row["native_sharded_s"] / row["mount_s"]
+    return row
+
+
+def summarize(rounds, chunks):
+    """One row from the rounds: medians with their spread, the median of the per-round
+    ratios, CPU times, requests per chunk (median round, by kind)."""
+    col = lambda k: [r[k] for r in rounds]  # noqa: E731
+    ratios = [r["mount_s"] / r["native_s"] for r in rounds]
+    totals = [sum(r["requests"].values()) for r in rounds]
+    mid = rounds[totals.index(sorted(totals)[len(totals) // 2])]
+    row = {"native_unsharded_s": statistics.median(col("native_s")),
+           "mount_s": statistics.median(col("mount_s")),
+           "native_unsharded_spread": spread(col("native_s")),
+           "mount_spread": spread(col("mount_s")),
+           "ratio_vs_native_unsharded": statistics.median(ratios),
+           "ratio_spread": spread(ratios),
+           "native_cpu_s": statistics.median(col("native_cpu_s")),
+           "writer_cpu_s": statistics.median(col("writer_cpu_s")),
+           "daemon_cpu_s": statistics.median(col("daemon_cpu_s")),
+           "rounds": len(rounds),
+           "shard_writes": col("writes"), "merges": col("merges"),
+           "daemon_peak_rss_mib": max(col("rss")),
+           "requests_per_chunk": sum(mid["requests"].values()) / chunks,
+           "requests_by_kind_per_chunk": {k: n / chunks for k, n in
+                                          sorted(mid["requests"].items())}}
     return row
 
 
@@ -191,9 +268,11 @@ def scenarios(args):
              for name in ("S1", "S2")]
     for name, chunk, whole, arr, zstd in jobs:
         for client, make in WRITERS.items():
+            if args.only and args.only not in f"{name} {client}":
+                continue
             def writer(shard, make=make, chunk=chunk, whole=whole, zstd=zstd):
                 return make(n, chunk, whole, shard, zstd)
-            row = write_row(args, writer, arr, n // chunk, n)
+            row = write_row(args, writer, arr, n // chunk, n, (n // chunk) ** 3)
             out[f"{name} {client}"] = row
             log(f"{name} {client}", row)
     return out
@@ -249,7 +328,7 @@ def per_shard(args):
         chunks = (n // chunk) ** 3
         for client, make in WRITERS.items():
             row = write_row(args, lambda shard, make=make: make(n, chunk, False, shard), arr,
-                            cps, None, native_sharded=False)
+                            cps, None, chunks, native_sharded=False)
             row["chunks_per_shard"] = cps ** 3
             row["mount_ms_per_chunk"] = row["mount_s"] / chunks * 1e3
             row["native_unsharded_ms_per_chunk"] = row["native_unsharded_s"] / chunks * 1e3
@@ -358,29 +437,42 @@ def log(name, row):
 
 def run_all(args):
     results = {}
+    wanted = (args.parts or "scenarios,read_s1,per_shard,per_array").split(",")
     for part in (scenarios, read_s1, per_shard, per_array):
-        results[part.__name__] = part(args)
+        if part.__name__ in wanted:
+            results[part.__name__] = part(args)
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(markdown(results))
     return results
 
 
+def cell(r, name):
+    """The time `name` of a row as 'median (min–max)'."""
+    sp = r[f"{name}_spread"]
+    return f"{sp['median']:.2f} s ({sp['min']:.2f}–{sp['max']:.2f})"
+
+
 def markdown(results):
     lines = ["| scenario | native unsharded | native sharded | mount | mount / unsharded |"
-             " peak RSS |", "|---|---|---|---|---|---|"]
-    for name, r in results["scenarios"].items():
+             " CPU native / writer + daemon | requests per chunk | peak RSS |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, r in results.get("scenarios", {}).items():
         sharded = f"{r['native_sharded_s']:.2f} s" if "native_sharded_s" in r else "-"
-        lines.append(f"| {name} | {r['native_unsharded_s']:.2f} s | {sharded} | "
-                     f"{r['mount_s']:.2f} s | {r['ratio_vs_native_unsharded']:.2f} | "
+        rs = r["ratio_spread"]
+        lines.append(f"| {name} | {cell(r, 'native_unsharded')} | {sharded} | "
+                     f"{cell(r, 'mount')} | {r['ratio_vs_native_unsharded']:.2f} "
+                     f"({rs['min']:.2f}–{rs['max']:.2f}) | "
+                     f"{r['native_cpu_s']:.2f} / {r['writer_cpu_s']:.2f} + "
+                     f"{r['daemon_cpu_s']:.2f} s | {r['requests_per_chunk']:.1f} | "
                      f"{r['daemon_peak_rss_mib']:.0f} MiB |")
     lines += ["", "| read | native sharded | mount | ratio | peak RSS |", "|---|---|---|---|---|"]
-    for name, r in results["read_s1"].items():
+    for name, r in results.get("read_s1", {}).items():
         lines.append(f"| {name} | {r['native_sharded_s']:.2f} s | {r['mount_s']:.2f} s | "
                      f"{r['ratio']:.2f} | {r['daemon_peak_rss_mib']:.0f} MiB |")
     lines += ["", "| chunks per shard | client | mount ms/chunk | native unsharded ms/chunk |"
               " peak RSS |", "|---|---|---|---|---|"]
-    for name, r in results["per_shard"].items():
+    for name, r in results.get("per_shard", {}).items():
         client = name.split(" ")[-1]
         lines.append(f"| {r['chunks_per_shard']} | {client} | {r['mount_ms_per_chunk']:.3f} | "
                      f"{r['native_unsharded_ms_per_chunk']:.3f} | "
@@ -389,7 +481,7 @@ def markdown(results):
               " zarr-python open array + read chunk (native sharded) | find |"
               " find per chunk | native find (shard files) | ls c/ per entry | peak RSS |",
               "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in results["per_array"].values():
+    for r in results.get("per_array", {}).values():
         lines.append(f"| {r['shards']} | {r['chunks']} | {r['stat_ms']:.3f} ms | "
                      f"{r['open_read_ms']:.3f} ms | {r['native_sharded_open_read_ms']:.3f} ms | "
                      f"{r['zarr_open_read_chunk_ms']:.2f} ms "

@@ -19,6 +19,7 @@ use crate::backing::AttrChange;
 use crate::core::errno::ToErrno;
 use crate::core::fs::namespace::{Caller, RenameFlags as CoreRenameFlags};
 use crate::core::fs::write::SetAttr;
+use crate::core::stats::Request as Kind;
 use crate::core::{Attr, FileType, FsError, Opened, ShardFs};
 
 /// How long the kernel may trust names and attributes without asking again. BACKING may be
@@ -211,14 +212,17 @@ impl Filesystem for FuseAdapter {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let _answering = self.core.requests().answering(Kind::Lookup);
         entry(reply, self.run(|| self.core.lookup(parent.0, name)));
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        let _answering = self.core.requests().answering(Kind::Forget);
         self.core.forget(ino.0, nlookup);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let _answering = self.core.requests().answering(Kind::Getattr);
         match self.run(|| self.core.getattr(ino.0)) {
             Ok(attr) => reply.attr(&ttl(&attr), &file_attr(&attr)),
             Err(e) => reply.error(errno(&e)),
@@ -226,6 +230,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let _answering = self.core.requests().answering(Kind::Readlink);
         match self.run(|| self.core.readlink(ino.0)) {
             Ok(target) => reply.data(target.as_os_str().as_encoded_bytes()),
             Err(e) => reply.error(errno(&e)),
@@ -233,6 +238,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let _answering = self.core.requests().answering(Kind::Opendir);
         match self.run(|| self.core.opendir(ino.0)) {
             Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
             Err(e) => reply.error(errno(&e)),
@@ -247,6 +253,7 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        let _answering = self.core.requests().answering(Kind::Readdir);
         let entries = match self.run(|| self.core.readdir(fh.0)) {
             Ok(entries) => entries,
             Err(e) => return reply.error(errno(&e)),
@@ -278,6 +285,7 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
+        let _answering = self.core.requests().answering(Kind::Readdirplus);
         let entries = match self.run(|| self.core.readdir(fh.0)) {
             Ok(entries) => entries,
             Err(e) => return reply.error(errno(&e)),
@@ -330,11 +338,13 @@ impl Filesystem for FuseAdapter {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
+        let _answering = self.core.requests().answering(Kind::Releasedir);
         self.core.releasedir(fh.0);
         reply.ok();
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let _answering = self.core.requests().answering(Kind::Open);
         match self.run(|| self.core.open(ino.0, flags.0, asker(req))) {
             Ok(o) => {
                 let mut fl = opened_flags(&o);
@@ -359,6 +369,7 @@ impl Filesystem for FuseAdapter {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        let _answering = self.core.requests().answering(Kind::Create);
         match self.run(|| {
             self.core
                 .create(parent.0, name, mode & !umask, flags, caller(req))
@@ -386,6 +397,7 @@ impl Filesystem for FuseAdapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        let _answering = self.core.requests().answering(Kind::Write);
         let result = self.run(|| {
             if self.core.is_control(fh.0) {
                 self.core
@@ -419,6 +431,7 @@ impl Filesystem for FuseAdapter {
         _flags: Option<BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        let _answering = self.core.requests().answering(Kind::Setattr);
         let change = AttrChange {
             size,
             mode,
@@ -451,6 +464,7 @@ impl Filesystem for FuseAdapter {
         umask: u32,
         reply: ReplyEntry,
     ) {
+        let _answering = self.core.requests().answering(Kind::Mkdir);
         entry(
             reply,
             self.run(|| self.core.mkdir(parent.0, name, mode & !umask, caller(req))),
@@ -467,6 +481,7 @@ impl Filesystem for FuseAdapter {
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        let _answering = self.core.requests().answering(Kind::Mknod);
         let mode = mode & !(umask & 0o7777);
         entry(
             reply,
@@ -478,6 +493,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _answering = self.core.requests().answering(Kind::Unlink);
         empty(
             reply,
             self.run(|| self.core.unlink(parent.0, name, caller(req))),
@@ -485,6 +501,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _answering = self.core.requests().answering(Kind::Rmdir);
         empty(
             reply,
             self.run(|| self.core.rmdir(parent.0, name, caller(req))),
@@ -501,6 +518,7 @@ impl Filesystem for FuseAdapter {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        let _answering = self.core.requests().answering(Kind::Rename);
         if flags.contains(RenameFlags::RENAME_WHITEOUT) {
             return reply.error(Errno::from_i32(libc::EINVAL));
         }
@@ -525,6 +543,7 @@ impl Filesystem for FuseAdapter {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
+        let _answering = self.core.requests().answering(Kind::Link);
         let linked = self.run(|| self.core.link(ino.0, newparent.0, newname, caller(req)));
         // The file now has two names, which are two inodes to the kernel: what it cached
         // for the first (a link count of one, its size) must go.
@@ -542,6 +561,7 @@ impl Filesystem for FuseAdapter {
         target: &Path,
         reply: ReplyEntry,
     ) {
+        let _answering = self.core.requests().answering(Kind::Symlink);
         entry(
             reply,
             self.run(|| self.core.symlink(parent.0, link_name, target, caller(req))),
@@ -556,6 +576,7 @@ impl Filesystem for FuseAdapter {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        let _answering = self.core.requests().answering(Kind::Fsync);
         empty(reply, self.run(|| self.core.fsync(ino.0, Some(fh.0))));
     }
 
@@ -567,6 +588,7 @@ impl Filesystem for FuseAdapter {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        let _answering = self.core.requests().answering(Kind::Fsyncdir);
         empty(reply, self.run(|| self.core.fsyncdir(ino.0)));
     }
 
@@ -580,6 +602,7 @@ impl Filesystem for FuseAdapter {
         _mode: i32,
         reply: ReplyEmpty,
     ) {
+        let _answering = self.core.requests().answering(Kind::Other);
         reply.error(Errno::from_i32(libc::EOPNOTSUPP));
     }
 
@@ -594,6 +617,7 @@ impl Filesystem for FuseAdapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        let _answering = self.core.requests().answering(Kind::Read);
         match self.run(|| self.core.read(fh.0, offset, size)) {
             Ok(data) => reply.data(&data),
             Err(e) => reply.error(errno(&e)),
@@ -608,6 +632,7 @@ impl Filesystem for FuseAdapter {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        let _answering = self.core.requests().answering(Kind::Flush);
         empty(reply, self.run(|| self.core.flush(fh.0)));
     }
 
@@ -621,6 +646,7 @@ impl Filesystem for FuseAdapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        let _answering = self.core.requests().answering(Kind::Release);
         empty(reply, self.run(|| self.core.release(fh.0)));
     }
 
@@ -636,10 +662,12 @@ impl Filesystem for FuseAdapter {
         _size: u32,
         reply: ReplyXattr,
     ) {
+        let _answering = self.core.requests().answering(Kind::Xattr);
         reply.error(Errno::ENOSYS);
     }
 
     fn listxattr(&self, _req: &Request, _ino: INodeNo, _size: u32, reply: ReplyXattr) {
+        let _answering = self.core.requests().answering(Kind::Xattr);
         reply.error(Errno::ENOSYS);
     }
 
@@ -654,10 +682,12 @@ impl Filesystem for FuseAdapter {
         _out_size: u32,
         reply: ReplyIoctl,
     ) {
+        let _answering = self.core.requests().answering(Kind::Other);
         reply.error(Errno::from_i32(libc::ENOTTY));
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let _answering = self.core.requests().answering(Kind::Statfs);
         match self.run(|| self.core.statfs()) {
             Ok(s) => reply.statfs(
                 s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,

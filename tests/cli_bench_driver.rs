@@ -48,6 +48,26 @@ fn the_quick_benchmark_matrix_runs_and_every_mount_did_its_job() {
             row["native_sharded_s"].as_f64().unwrap() > 0.0,
             "{name}: {row}"
         );
+        // The kernel's requests, counted by the daemon: every chunk file is at least
+        // created (or looked up) and written.
+        let per_chunk = &row["requests_by_kind_per_chunk"];
+        assert!(per_chunk["write"].as_f64().unwrap() >= 1.0, "{name}: {row}");
+        assert!(
+            row["requests_per_chunk"].as_f64().unwrap() >= 2.0,
+            "{name}: {row}"
+        );
+        if name.contains("tensorstore") {
+            // It fsyncs every chunk it writes.
+            assert!(per_chunk["fsync"].as_f64().unwrap() >= 1.0, "{name}: {row}");
+        }
+        for cpu in ["native_cpu_s", "writer_cpu_s"] {
+            assert!(row[cpu].as_f64().unwrap() > 0.0, "{name}: {cpu}: {row}");
+        }
+        // In clock ticks (10 ms): a small run may round to none.
+        assert!(
+            row["daemon_cpu_s"].as_f64().unwrap() >= 0.0,
+            "{name}: {row}"
+        );
     }
     // Two chunk sizes, two clients.
     assert_eq!(r["read_s1"].as_object().unwrap().len(), 4);

@@ -134,6 +134,7 @@ fn stats_speaks_json_to_programs_and_plain_words_on_a_terminal() {
     assert_eq!(stats(&m)["pending_chunks"], 2);
     let view = on_a_terminal(&format!("stats {mnt}"), Duration::from_secs(10));
     assert!(view.contains("pending   1 shards, 2 chunks"), "{view}");
+    assert!(view.contains("requests  "), "{view}");
     assert!(!view.contains('{'), "{view}");
     let json = on_a_terminal(&format!("stats --json {mnt}"), Duration::from_secs(10));
     assert!(json.contains("\"pending_chunks\": 2"), "{json}");
@@ -144,4 +145,38 @@ fn stats_speaks_json_to_programs_and_plain_words_on_a_terminal() {
     );
     assert!(watched.matches("\x1b[2J").count() >= 3, "{watched:?}");
     assert!(watched.contains("/s now"), "{watched}");
+}
+
+/// The count of one kind of request in a stats report (0 when none was sent).
+fn requests_of(report: &serde_json::Value, kind: &str) -> u64 {
+    report["fuse_requests"][kind]["count"].as_u64().unwrap_or(0)
+}
+
+#[test]
+fn stats_counts_the_kernels_requests_by_kind() {
+    use std::io::Write;
+    let (_d, backing, _) = dirs();
+    let m = waiting_mount(&backing);
+    std::fs::create_dir(m.path("plain")).unwrap();
+    let before = stats(&m);
+    // A known sequence: one create, three writes (no writeback cache: each write(2) is one
+    // WRITE), one fsync, one rename.
+    let mut f = std::fs::File::create(m.path("plain/f")).unwrap();
+    for _ in 0..3 {
+        f.write_all(&[7u8; 1024]).unwrap();
+    }
+    f.sync_all().unwrap();
+    drop(f);
+    std::fs::rename(m.path("plain/f"), m.path("plain/g")).unwrap();
+    let after = stats(&m);
+    let sent = |kind: &str| requests_of(&after, kind) - requests_of(&before, kind);
+    assert_eq!(sent("create"), 1, "{after}");
+    assert_eq!(sent("write"), 3, "{after}");
+    assert_eq!(sent("fsync"), 1, "{after}");
+    assert_eq!(sent("rename"), 1, "{after}");
+    assert!(sent("flush") >= 1, "close sends FLUSH: {after}");
+    // Reading the stats is itself a lookup, an open and reads of the control file.
+    assert!(sent("read") >= 1, "{after}");
+    let seconds = after["fuse_requests"]["write"]["seconds"].as_f64().unwrap();
+    assert!(seconds > 0.0, "time spent answering is counted: {after}");
 }

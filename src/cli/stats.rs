@@ -76,6 +76,9 @@ pub fn human_view(
         let parts: Vec<String> = requests.iter().map(|(k, n)| format!("{k} {n}")).collect();
         lines.push(format!("store     {}", parts.join(", ")));
     }
+    if !r.fuse_requests.is_empty() {
+        lines.push(requests_line(&r.fuse_requests));
+    }
     if r.refusals > 0 {
         lines.push(format!(
             "refused   {} requests (each logged with its rule and fix)",
@@ -102,4 +105,19 @@ fn bytes(n: u64) -> String {
     } else {
         format!("{value:.1} {}", UNITS[unit])
     }
+}
+
+/// The kernel's requests: the total, then the most frequent kinds.
+fn requests_line(
+    requests: &std::collections::BTreeMap<String, crate::core::stats::RequestCount>,
+) -> String {
+    let total: u64 = requests.values().map(|c| c.count).sum();
+    let mut kinds: Vec<_> = requests.iter().collect();
+    kinds.sort_by_key(|k| std::cmp::Reverse(k.1.count));
+    let parts: Vec<String> = kinds
+        .iter()
+        .take(6)
+        .map(|(k, c)| format!("{k} {}", c.count))
+        .collect();
+    format!("requests  {total} from the kernel: {}", parts.join(", "))
 }

@@ -28,6 +28,162 @@ pub struct Stats {
     pub panics: AtomicU64,
     /// What the last flush of everything could not write, each with its error.
     pub not_written: std::sync::Mutex<Vec<String>>,
+    /// The kernel's requests, by kind.
+    pub requests: Requests,
+}
+
+/// The kinds of request the kernel sends a mount (FUSE opcodes), as `shardfs stats` names
+/// them. The core keeps the tally; the FUSE adapter says what arrived.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Request {
+    Lookup,
+    Forget,
+    Getattr,
+    Setattr,
+    Readlink,
+    Mkdir,
+    Mknod,
+    Unlink,
+    Rmdir,
+    Rename,
+    Link,
+    Symlink,
+    Open,
+    Create,
+    Read,
+    Write,
+    Flush,
+    Release,
+    Fsync,
+    Opendir,
+    Readdir,
+    Readdirplus,
+    Releasedir,
+    Fsyncdir,
+    Statfs,
+    Xattr,
+    Other,
+}
+
+impl Request {
+    const ALL: [Request; 27] = [
+        Request::Lookup,
+        Request::Forget,
+        Request::Getattr,
+        Request::Setattr,
+        Request::Readlink,
+        Request::Mkdir,
+        Request::Mknod,
+        Request::Unlink,
+        Request::Rmdir,
+        Request::Rename,
+        Request::Link,
+        Request::Symlink,
+        Request::Open,
+        Request::Create,
+        Request::Read,
+        Request::Write,
+        Request::Flush,
+        Request::Release,
+        Request::Fsync,
+        Request::Opendir,
+        Request::Readdir,
+        Request::Readdirplus,
+        Request::Releasedir,
+        Request::Fsyncdir,
+        Request::Statfs,
+        Request::Xattr,
+        Request::Other,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Request::Lookup => "lookup",
+            Request::Forget => "forget",
+            Request::Getattr => "getattr",
+            Request::Setattr => "setattr",
+            Request::Readlink => "readlink",
+            Request::Mkdir => "mkdir",
+            Request::Mknod => "mknod",
+            Request::Unlink => "unlink",
+            Request::Rmdir => "rmdir",
+            Request::Rename => "rename",
+            Request::Link => "link",
+            Request::Symlink => "symlink",
+            Request::Open => "open",
+            Request::Create => "create",
+            Request::Read => "read",
+            Request::Write => "write",
+            Request::Flush => "flush",
+            Request::Release => "release",
+            Request::Fsync => "fsync",
+            Request::Opendir => "opendir",
+            Request::Readdir => "readdir",
+            Request::Readdirplus => "readdirplus",
+            Request::Releasedir => "releasedir",
+            Request::Fsyncdir => "fsyncdir",
+            Request::Statfs => "statfs",
+            Request::Xattr => "xattr",
+            Request::Other => "other",
+        }
+    }
+}
+
+/// Requests by kind: how many, and the time the daemon spent on them (from arrival to
+/// reply). Relaxed atomics: a request costs two additions, never a lock.
+#[derive(Debug, Default)]
+pub struct Requests {
+    count: [AtomicU64; Request::ALL.len()],
+    nanos: [AtomicU64; Request::ALL.len()],
+}
+
+/// One request being answered; its time is added when it is dropped (after the reply).
+pub struct Answering<'a> {
+    tally: &'a Requests,
+    kind: Request,
+    since: std::time::Instant,
+}
+
+impl Drop for Answering<'_> {
+    fn drop(&mut self) {
+        let i = self.kind as usize;
+        let nanos = u64::try_from(self.since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.tally.count[i].fetch_add(1, Ordering::Relaxed);
+        self.tally.nanos[i].fetch_add(nanos, Ordering::Relaxed);
+    }
+}
+
+impl Requests {
+    /// Counts a request of `kind` from now until the guard is dropped.
+    pub fn answering(&self, kind: Request) -> Answering<'_> {
+        Answering {
+            tally: self,
+            kind,
+            since: std::time::Instant::now(),
+        }
+    }
+
+    /// The kinds seen so far (none for kinds never sent).
+    pub fn report(&self) -> std::collections::BTreeMap<String, RequestCount> {
+        Request::ALL
+            .iter()
+            .filter_map(|&k| {
+                let count = self.count[k as usize].load(Ordering::Relaxed);
+                let nanos = self.nanos[k as usize].load(Ordering::Relaxed);
+                (count > 0).then(|| {
+                    let seconds = nanos as f64 / 1e9;
+                    (k.name().to_string(), RequestCount { count, seconds })
+                })
+            })
+            .collect()
+    }
+}
+
+/// Requests of one kind: how many, and the seconds spent answering them in all.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
+pub struct RequestCount {
+    pub count: u64,
+    pub seconds: f64,
 }
 
 /// A moment's reading of the counters plus the pending state.
@@ -70,6 +226,10 @@ pub struct StatsReport {
     /// An object store's requests so far, by kind (get, head, put, delete, list).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub store_requests: Option<std::collections::BTreeMap<String, u64>>,
+    /// The kernel's requests to the mount so far, by kind (FUSE opcode), with the time the
+    /// daemon spent answering them. Reading the stats adds a few (lookup, open, read).
+    #[serde(default)]
+    pub fuse_requests: std::collections::BTreeMap<String, RequestCount>,
 }
 
 impl Stats {
@@ -91,6 +251,7 @@ impl Stats {
             temp_files_persisted: get(&self.temp_files_persisted),
             panics: get(&self.panics),
             log_lines_dropped: crate::logging::dropped(),
+            fuse_requests: self.requests.report(),
             ..StatsReport::default()
         }
     }

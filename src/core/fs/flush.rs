@@ -338,6 +338,11 @@ impl ShardFs {
         self.inodes.rekind_file(file, kind);
     }
 
+    /// The tally of the kernel's requests, which the FUSE adapter counts into.
+    pub fn requests(&self) -> &crate::core::stats::Requests {
+        &self.shards.stats().requests
+    }
+
     pub fn stats(&self) -> StatsReport {
         let pending = self.shards.pending();
         let mut report = self.shards.stats().report();
