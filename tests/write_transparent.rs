@@ -339,3 +339,204 @@ fn a_compressed_chunk_never_holds_more_than_its_raw_size() {
         assert!(common::stdout(&v).contains("not a zstd frame of 16 bytes"));
     }
 }
+
+/// A 2-D uint8 array document, 8x8 in 4x4 chunks, its chunks transposed or not (raw
+/// either way; another codec chain, so not the same array's document rewritten).
+fn doc_2d(transpose: bool) -> String {
+    let mut codecs = vec![json!({"name": "bytes"})];
+    if transpose {
+        codecs.insert(
+            0,
+            json!({"name": "transpose", "configuration": {"order": [1, 0]}}),
+        );
+    }
+    json!({"zarr_format": 3, "node_type": "array", "shape": [8, 8], "data_type": "uint8",
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [4, 4]}},
+        "chunk_key_encoding": {"name": "default"}, "fill_value": 0, "codecs": codecs})
+    .to_string()
+}
+
+/// Chunks `c/0/0` .. `c/1/1` of a 4x4-chunked 2-D array, each 16 bytes of its own value.
+fn four_chunks(dir: &Path) {
+    fs::create_dir_all(dir.join("c/0")).unwrap();
+    fs::create_dir_all(dir.join("c/1")).unwrap();
+    fs::write(dir.join("zarr.json"), doc_2d(false)).unwrap();
+    for (k, key) in ["0/0", "0/1", "1/0", "1/1"].iter().enumerate() {
+        fs::write(dir.join(format!("c/{key}")), [k as u8 + 1; 16]).unwrap();
+    }
+}
+
+/// Whether the stored document of `array` has the mount's zstd (and its mark).
+fn stored_marked(array: &Path) -> bool {
+    let stored = doc(array);
+    let zstd = names(&inner_codecs(&stored)).contains(&"zstd");
+    assert_eq!(zstd, stored["attributes"].get(MARK).is_some(), "{stored}");
+    zstd
+}
+
+/// Which form an array's chunks are stored in is not the document's to change: a document
+/// rewritten with other codecs (or another chunk shape) keeps the form (through a mount with or without
+/// `--compress`), and one put back over shards is compressed only when those hold the
+/// mount's frames, whatever their sizes (found by the attack: a raw array with one chunk
+/// written short became "compressed"; frames of exactly the raw size were taken for raw).
+#[test]
+fn the_form_of_stored_chunks_stays_whatever_a_document_says() {
+    let (_dir, backing, _) = dirs();
+    let compress = ["--compress", "zstd", "--chunks-per-shard", "4"];
+    let plain = ["--chunks-per-shard", "4"];
+    let m = Mounted::new(&backing, &compress, LIMIT);
+    four_chunks(&m.path("marked"));
+    let exact = small_exact_frames(&m);
+    drop_mount(m);
+    let m = Mounted::new(&backing, &plain, LIMIT);
+    four_chunks(&m.path("raw"));
+    four_chunks(&m.path("short"));
+    fs::write(m.path("short/c/0/1"), b"hi\n").unwrap();
+    // Another codec chain (the same chunks), through a mount that does not compress.
+    fs::write(m.path("marked/zarr.json"), doc_2d(true)).unwrap();
+    drop_mount(m);
+    let m = Mounted::new(&backing, &compress, LIMIT);
+    fs::write(m.path("raw/zarr.json"), doc_2d(true)).unwrap();
+    for a in ["short", "exact"] {
+        let shown = fs::read(m.path(&format!("{a}/zarr.json"))).unwrap();
+        fs::rename(m.path(&format!("{a}/zarr.json")), m.path("away.json")).unwrap();
+        fs::write(m.path(&format!("{a}/zarr.json")), &shown).unwrap();
+        fs::remove_file(m.path("away.json")).unwrap();
+    }
+    // Every chunk reads as written (a frame shown raw, or raw bytes taken for a frame,
+    // would not).
+    for a in ["marked", "raw"] {
+        for (k, key) in ["0/0", "0/1", "1/0", "1/1"].iter().enumerate() {
+            let got = fs::read(m.path(&format!("{a}/c/{key}"))).unwrap();
+            assert_eq!(got, [k as u8 + 1; 16], "{a}/c/{key}");
+        }
+    }
+    assert_eq!(fs::read(m.path("short/c/0/1")).unwrap(), b"hi\n");
+    assert_eq!(fs::read(m.path("short/c/1/1")).unwrap(), [4u8; 16]);
+    for (k, want) in exact.iter().enumerate() {
+        assert_eq!(&fs::read(m.path(&format!("exact/c/{k}"))).unwrap(), want);
+    }
+    drop_mount(m);
+    for (a, marked) in [
+        ("marked", true),
+        ("exact", true),
+        ("raw", false),
+        ("short", false),
+    ] {
+        assert_eq!(stored_marked(&backing.join(a)), marked, "{a}");
+    }
+    let code = "import sys, zarr\nfor p in sys.argv[1:]:\n    zarr.open_array(p)[:]";
+    let paths: Vec<_> = ["marked", "raw", "exact"].map(|a| backing.join(a)).to_vec();
+    let paths: Vec<&Path> = paths.iter().map(|p| p.as_path()).collect();
+    common::mount::python_ok("native reads", code, &paths);
+}
+
+fn drop_mount(m: Mounted) {
+    common::assert_ok(&m.unmount(&[]), "unmount");
+    drop(m);
+}
+
+/// A raw 1-D array `exact` of two 64-byte chunks through `m` (which compresses), each of
+/// which zstd (level 3) makes a frame of exactly 64 bytes: returns the chunks.
+fn small_exact_frames(m: &Mounted) -> Vec<Vec<u8>> {
+    let mut found = Vec::new();
+    'search: for seed in 1..5000u64 {
+        let mut rng = common::Rng::new(seed);
+        for random in 30..64usize {
+            let mut chunk = vec![0u8; 64];
+            for b in chunk.iter_mut().take(random) {
+                *b = rng.next() as u8;
+            }
+            if zstd::bulk::compress(&chunk, 3).unwrap().len() == 64 {
+                found.push(chunk);
+                if found.len() == 2 {
+                    break 'search;
+                }
+                continue 'search;
+            }
+        }
+    }
+    assert_eq!(found.len(), 2, "no chunk whose frame is exactly its size");
+    let dir = m.path("exact");
+    fs::create_dir_all(dir.join("c")).unwrap();
+    let doc = BYTES_1D.replace("[16]", "[64]");
+    fs::write(dir.join("zarr.json"), doc).unwrap();
+    for (k, chunk) in found.iter().enumerate() {
+        fs::write(dir.join(format!("c/{k}")), chunk).unwrap();
+    }
+    found
+}
+
+/// A file renamed or linked onto a chunk key of an array the mount compresses holds no
+/// more than a chunk of it may: refused (EFBIG) as a write would be, the file left where
+/// it was (found by the attack: it was taken, and after the shard write read as EIO).
+#[test]
+fn a_file_larger_than_a_compressed_chunk_cannot_become_one() {
+    let (_dir, backing, _) = dirs();
+    let m = Mounted::new(
+        &backing,
+        &["--compress", "zstd", "--chunks-per-shard", "4"],
+        LIMIT,
+    );
+    let dir = small(&m, "t", 4);
+    fs::write(m.path("loose.bin"), [9u8; 20]).unwrap();
+    let moved = fs::rename(m.path("loose.bin"), dir.join("c/1"));
+    assert_eq!(common::mount::errno_of(moved), Some(libc::EFBIG));
+    let linked = fs::hard_link(m.path("loose.bin"), dir.join("c/5"));
+    assert_eq!(common::mount::errno_of(linked), Some(libc::EFBIG));
+    assert_eq!(fs::read(m.path("loose.bin")).unwrap(), [9u8; 20]);
+    // One that fits is taken.
+    fs::write(m.path("fits.bin"), [7u8; 16]).unwrap();
+    fs::rename(m.path("fits.bin"), dir.join("c/1")).unwrap();
+    drop_mount(m);
+    let m = Mounted::new(&backing, &[], LIMIT);
+    assert_eq!(fs::read(m.path("t/c/1")).unwrap(), [7u8; 16]);
+    assert_eq!(fs::read(m.path("t/c/2")).unwrap(), [3u8; 16]);
+    drop_mount(m);
+    common::assert_ok(
+        &common::shardfs(&["verify", backing.to_str().unwrap()]),
+        "verify",
+    );
+}
+
+/// Many readers of one compressed chunk share one decompressed copy of it (each open had
+/// its own: 24 readers of a 16 MiB chunk took the daemon to 485 MB, found by the attack).
+#[test]
+fn readers_of_a_compressed_chunk_share_one_copy() {
+    let (_dir, backing, _) = dirs();
+    let m = Mounted::new(&backing, &["--compress", "zstd"], LIMIT);
+    let dir = m.path("big");
+    fs::create_dir_all(dir.join("c")).unwrap();
+    let doc = BYTES_1D
+        .replace("[128]", "[33554432]")
+        .replace("[16]", "[16777216]");
+    fs::write(dir.join("zarr.json"), doc).unwrap();
+    let chunk: Vec<u8> = (0..16u32 << 20).map(|i| (i / 4096) as u8).collect();
+    fs::write(dir.join("c/0"), &chunk).unwrap();
+    drop_mount(m);
+    let m = Mounted::new(&backing, &[], LIMIT);
+    let before = rss_kib(m.pid);
+    let mut handles = Vec::new();
+    for i in 0..12u64 {
+        let f = fs::File::open(m.path("big/c/0")).unwrap();
+        let mut byte = [0u8; 1];
+        let at = i * 1_300_000;
+        std::os::unix::fs::FileExt::read_exact_at(&f, &mut byte, at).unwrap();
+        assert_eq!(byte[0], chunk[at as usize]);
+        handles.push(f);
+    }
+    let grown = rss_kib(m.pid).saturating_sub(before);
+    assert!(
+        grown < 64 << 10,
+        "the daemon grew {grown} KiB for 12 readers of 16 MiB"
+    );
+    drop(handles);
+    drop_mount(m);
+}
+
+/// The resident memory of process `pid`, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}

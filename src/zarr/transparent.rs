@@ -154,6 +154,20 @@ impl Zstd {
     }
 }
 
+/// Whether stored chunks of an array (a shard's, read whole) are the mount's frames
+/// rather than raw chunks: each one a complete zstd frame that declares its size and
+/// decodes to exactly that, no more than `max` (the raw chunk size). Raw chunks are
+/// exactly `max` bytes of anything; one that is also such a frame (crafted) would be
+/// taken for one, which is why every chunk probed must be one.
+pub fn are_frames(chunks: &[Bytes], max: u64) -> bool {
+    !chunks.is_empty()
+        && chunks.iter().all(|c| {
+            let declared = content_size(&c[..c.len().min(HEADER_MAX as usize)]);
+            declared.is_some_and(|n| n <= max)
+                && Zstd::decode(c, max).is_ok_and(|d| Some(d.len() as u64) == declared)
+        })
+}
+
 /// The decoded size a frame's header declares (`None`: not declared, or no frame).
 pub fn content_size(head: &[u8]) -> Option<u64> {
     zstd::zstd_safe::get_frame_content_size(head).ok().flatten()
@@ -190,6 +204,29 @@ mod tests {
         forged.codecs.insert(0, NamedConfig::new("crc32c", None));
         forged.extra["attributes"][MARK] = json!("zstd");
         assert_eq!(level_of(&forged), None);
+    }
+
+    #[test]
+    fn frames_are_told_from_raw_chunks_by_what_they_are_not_by_their_size() {
+        let z = Zstd { level: 3, max: 400 };
+        let frame = z.encode(&[Bytes::from(vec![1u8; 400])]).unwrap();
+        assert!(are_frames(std::slice::from_ref(&frame), 400));
+        // Raw chunks, of the raw size or (written short) not.
+        let raw = Bytes::from(vec![1u8; 400]);
+        assert!(!are_frames(std::slice::from_ref(&raw), 400));
+        assert!(!are_frames(&[Bytes::from_static(b"hi\n")], 400));
+        // One raw chunk among frames: not the mount's.
+        assert!(!are_frames(&[frame.clone(), raw], 400));
+        // A frame of exactly the raw size is still a frame.
+        let noise: Vec<u8> = (0..400u32)
+            .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+            .collect();
+        let big = z.encode(&[Bytes::from(noise)]).unwrap();
+        assert!(big.len() >= 400, "incompressible: {}", big.len());
+        assert!(are_frames(&[big], 400));
+        // A frame that decodes to more than a chunk holds is no chunk of this array.
+        assert!(!are_frames(&[frame], 399));
+        assert!(!are_frames(&[], 400));
     }
 
     #[test]

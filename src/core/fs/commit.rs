@@ -159,9 +159,11 @@ impl ShardFs {
     }
 
     /// The sharded form of unsharded `meta` for the array at `dir`: with the chunks per
-    /// shard, index location and transparent compression it already has when it is an
-    /// existing sharded array with the same chunks, codecs and keys (a resize or an
-    /// attribute update: its stored chunks stay readable), else from the mount's options.
+    /// shard and index location it already has when it is an existing sharded array with
+    /// the same chunks, codecs and keys (a resize or an attribute update: its stored
+    /// chunks stay readable), else from the mount's policy. Transparent compression: an
+    /// existing array keeps the form its chunks are stored in whatever the document now
+    /// says of them; a new one takes the mount's option.
     fn sharded_form(&self, dir: &Path, meta: &ArrayMetadata) -> Result<ArrayMetadata, LayoutError> {
         let chunk_shape = regular_chunk_shape(meta)?;
         // A writer's document never carries the mount's mark: a `zstd` it names is its own.
@@ -186,7 +188,13 @@ impl ShardFs {
                     &chunk_shape,
                     meta.item_size(),
                 )?;
-                (cps, IndexLocation::End, self.config.compress)
+                // The chunks it holds stay in the form they have (on a plain file system
+                // they keep their bytes): only a new array takes the mount's option.
+                let zstd = match &existing {
+                    Some(a) => a.zstd.map(|z| z.level),
+                    None => self.config.compress,
+                };
+                (cps, IndexLocation::End, zstd)
             }
         };
         match zstd.and_then(|level| transparent::marked(meta, level)) {
@@ -197,9 +205,10 @@ impl ShardFs {
 
     /// A new array's document over shards already in its directory (its `zarr.json` was
     /// removed and put back, or moved away and back): whether the mount compresses it is
-    /// what those shards' chunks say, whatever this mount's option, since they stay as
-    /// they are. A raw chunk holds exactly its raw size; a compressed one is a frame of
-    /// another size. The first shard with a chunk decides.
+    /// what those shards' chunks are, whatever this mount's option, since they stay as
+    /// they are: compressed when the first shard with chunks holds the mount's frames
+    /// only (`transparent::are_frames`), raw otherwise (a raw chunk is any bytes, of any
+    /// size a writer left).
     fn as_its_shards_are(
         &self,
         dir: &Path,
@@ -219,11 +228,10 @@ impl ShardFs {
             return sharded;
         };
         let mut budget = PROBED_FILES;
-        let sizes = self.first_shard_sizes(&array, dir, &KeyNode::Root, &mut budget);
-        let Some(sizes) = sizes else {
+        let Some(chunks) = self.first_shard_chunks(&array, dir, &KeyNode::Root, &mut budget) else {
             return sharded;
         };
-        let compressed = sizes.iter().any(|&n| n != raw_size);
+        let compressed = transparent::are_frames(&chunks, raw_size);
         if compressed == array.zstd.is_some() {
             return sharded;
         }
@@ -237,15 +245,15 @@ impl ShardFs {
         sharded_with(&form, layout.chunks_per_shard(), layout.index.location).unwrap_or(sharded)
     }
 
-    /// The sizes of the chunks in the first shard file below `rel` that holds any (looking
-    /// at no more than `budget` files).
-    fn first_shard_sizes(
+    /// Chunks of the first shard file below `rel` that holds any (looking at no more than
+    /// `budget` files).
+    fn first_shard_chunks(
         &self,
         array: &ArrayState,
         rel: &Path,
         node: &KeyNode,
         budget: &mut usize,
-    ) -> Option<Vec<u64>> {
+    ) -> Option<Vec<Bytes>> {
         for entry in self.backing.list(rel).ok()? {
             let name = entry.name.to_str()?;
             let path = rel.join(name);
@@ -255,12 +263,12 @@ impl ShardFs {
                         return None;
                     }
                     *budget -= 1;
-                    if let Some(sizes) = self.shard_chunk_sizes(array, &coords, &path) {
-                        return Some(sizes);
+                    if let Some(chunks) = self.shard_chunks(array, &coords, &path) {
+                        return Some(chunks);
                     }
                 }
                 (ArrayName::Key(child @ KeyNode::Dir(_)), true) => {
-                    let found = self.first_shard_sizes(array, &path, &child, budget);
+                    let found = self.first_shard_chunks(array, &path, &child, budget);
                     if found.is_some() || *budget == 0 {
                         return found;
                     }
@@ -271,21 +279,30 @@ impl ShardFs {
         None
     }
 
-    /// The sizes of the chunks the file at `rel` holds, if it is a shard of `array` with any.
-    fn shard_chunk_sizes(
-        &self,
-        array: &ArrayState,
-        coords: &[u64],
-        rel: &Path,
-    ) -> Option<Vec<u64>> {
+    /// Up to `PROBED_CHUNKS` chunks of the file at `rel`, if it is a shard of `array`
+    /// with any. A chunk larger than any frame of a raw chunk's size can be is given as
+    /// empty (it is no frame: `are_frames` says so) and not read.
+    fn shard_chunks(&self, array: &ArrayState, coords: &[u64], rel: &Path) -> Option<Vec<Bytes>> {
+        use std::os::unix::fs::FileExt;
         if !crate::grid::inside(coords, &array.layout.shard_grid_shape()) {
             return None;
         }
+        let raw = transparent::raw_chunk_bytes(&shown_view(&array.meta).ok()?)?;
+        let bound = zstd::zstd_safe::compress_bound(usize::try_from(raw).ok()?) as u64;
         let file = self.backing.open(rel).ok()?;
         let len = file.metadata().ok()?.len();
         let index = crate::shard::read_index(&file, len, &array.layout.index).ok()?;
-        let sizes: Vec<u64> = index.present().map(|(_, r)| r.nbytes).collect();
-        (!sizes.is_empty()).then_some(sizes)
+        let mut chunks = Vec::new();
+        for (_, r) in index.present().take(PROBED_CHUNKS) {
+            if r.nbytes > bound {
+                chunks.push(Bytes::new());
+                continue;
+            }
+            let mut buf = vec![0u8; r.nbytes as usize];
+            file.read_exact_at(&mut buf, r.offset).ok()?;
+            chunks.push(Bytes::from(buf));
+        }
+        (!chunks.is_empty()).then_some(chunks)
     }
 
     /// Writers that copy a tree (cp -r, rsync) may write an array's chunk files before its
@@ -415,6 +432,11 @@ impl ShardFs {
             let Some(coords) = chunk_key_below(array, dir, &rel) else {
                 continue;
             };
+            // Past what a chunk the mount compresses holds: it stays a file, as a chunk
+            // file of another size does on disk (`not_a_chunk_file`).
+            if array.zstd.is_some_and(|z| file.len() > z.max) {
+                continue;
+            }
             // Its memory stays counted: it moves from the temporary files to the chunks.
             self.shards
                 .put(&self.backing, array, &coords, file.clone())?;
@@ -463,7 +485,12 @@ impl ShardFs {
         let Ok(len) = file.metadata().map(|m| m.len()) else {
             return false;
         };
-        if fixed_chunk_bytes(&array.meta).is_some_and(|size| size != len) {
+        // A chunk file of an array the mount compresses is raw: its size is the raw size.
+        let fixed = match array.zstd {
+            Some(z) => Some(z.max),
+            None => fixed_chunk_bytes(&array.meta),
+        };
+        if fixed.is_some_and(|size| size != len) {
             return true;
         }
         crate::grid::inside(coords, &array.layout.shard_grid_shape())
@@ -547,6 +574,9 @@ fn chunk_key_below(array: &ArrayState, dir: &Path, rel: &Path) -> Option<Vec<u64
 /// (`as_its_shards_are`): chunk files written before it are not shards, and a directory of
 /// them is not read through for one.
 const PROBED_FILES: usize = 64;
+
+/// The chunks of that shard looked at (each read whole and decoded when it is a frame).
+const PROBED_CHUNKS: usize = 8;
 
 /// Where a chunk file written before its array's metadata waits while it is imported.
 fn staged(rel: &Path) -> PathBuf {

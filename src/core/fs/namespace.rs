@@ -417,6 +417,23 @@ impl ShardFs {
     ) -> Result<NodeKind, FsError> {
         match place {
             Place::Chunk(array, coords) => {
+                // A file moved or linked in holds no more than a chunk of an array the
+                // mount compresses may (as a write into one is refused past that).
+                if let Some(z) = array.zstd
+                    && file.len() > z.max
+                {
+                    return Err(FsError::refused(
+                        &array.chunk_rel(coords),
+                        Rule::TooBig,
+                        format!(
+                            "{} bytes, past the {} a chunk of this array holds (its mount \
+                             compresses it, and a chunk holds no more than its shape times \
+                             its data type's size)",
+                            file.len(),
+                            z.max
+                        ),
+                    ));
+                }
                 let len = file.len() as i64;
                 self.shards.charge(len);
                 if let Err(e) = self.shards.put(&self.backing, array, coords, file) {

@@ -86,6 +86,8 @@ pub struct ShardRegistry {
     documents: whereabouts::Documents,
     /// Refused shard writes (a merge into a damaged shard) are logged when booked.
     refusals: Arc<crate::core::refusal::RefusalLog>,
+    /// Compressed chunks being read, decompressed once for all their readers.
+    decoded: stored::DecodedChunks,
 }
 
 #[derive(Debug)]
@@ -219,6 +221,7 @@ impl ShardRegistry {
             clock: AtomicU64::new(0),
             journal: std::sync::OnceLock::new(),
             unsynced: Mutex::default(),
+            decoded: Default::default(),
         }
     }
 
@@ -609,14 +612,17 @@ impl ShardRegistry {
             Ok(ref index) => match index.get(loc.pos) {
                 None => ChunkData::Absent,
                 Some(range) => ChunkData::Stored(StoredChunk {
-                    rel,
+                    decoded: match array.zstd {
+                        Some(_) => self.decoded.cell(&rel, open.file.as_ref(), range),
+                        None => Arc::default(),
+                    },
                     range,
                     mtime: open.stored.mtime,
                     file: open.file,
                     pos: loc.pos,
                     shard: Arc::new(open.stored.clone()),
                     zstd: array.zstd.map(|z| z.max),
-                    decoded: Arc::default(),
+                    rel,
                 }),
             },
         })

@@ -239,6 +239,48 @@ impl StoredChunk {
     }
 }
 
+/// One decompressed copy of each stored compressed chunk being read, shared by every
+/// handle that reads it: many readers of one chunk cost its size once, not once each.
+/// Entries live as long as some handle pins the chunk.
+#[derive(Debug, Default)]
+pub(crate) struct DecodedChunks {
+    live: std::sync::Mutex<std::collections::HashMap<String, Weak<Mutex<Option<Bytes>>>>>,
+}
+
+type Weak<T> = std::sync::Weak<T>;
+type Mutex<T> = std::sync::Mutex<T>;
+
+/// Past this many entries, those no handle pins any more are dropped.
+const DECODED_PRUNE: usize = 1024;
+
+impl DecodedChunks {
+    /// The shared cell for the chunk at `range` of the shard version `file` of `rel`.
+    pub(crate) fn cell(
+        &self,
+        rel: &Path,
+        file: &dyn Blob,
+        range: ChunkRange,
+    ) -> Arc<Mutex<Option<Bytes>>> {
+        let key = format!(
+            "{}\0{}@{}+{}",
+            rel.display(),
+            file.info().tag,
+            range.offset,
+            range.nbytes
+        );
+        let mut live = crate::sync::lock(&self.live);
+        if let Some(cell) = live.get(&key).and_then(Weak::upgrade) {
+            return cell;
+        }
+        if live.len() >= DECODED_PRUNE {
+            live.retain(|_, w| w.strong_count() > 0);
+        }
+        let cell = Arc::default();
+        live.insert(key, Arc::downgrade(&cell));
+        cell
+    }
+}
+
 /// A chunk the mount compressed (`transparent::Zstd`), as written, of at most `max`
 /// bytes; damage, or more than `max` (a bomb), is EIO, said with the shard's name.
 pub(crate) fn decode(stored: &[u8], shard: &Path, max: u64) -> Result<Bytes, FsError> {
