@@ -287,6 +287,8 @@ def main():
     p.add_argument("--parts", default=None,
                    help="all: only these parts, comma-separated (scenarios, read_s1, "
                         "per_shard, per_array)")
+    p.add_argument("--mount-args", default="",
+                   help="all: more arguments for every mount of the scenarios (one string)")
     p.add_argument("--only", default=None,
                    help="all: only the scenarios whose name contains this (e.g. 'S2 tensorstore')")
     args = p.parse_args()

@@ -206,7 +206,8 @@ def write_row(args, writer, arr, cps, n_chunk_shard, chunks, native_sharded=True
         fresh(target)
         t = time.perf_counter()
         c = own_cpu_seconds()
-        m = Mounted(args.shardfs, target, mnt, ["--chunks-per-shard", str(cps)])
+        extra = ["--chunks-per-shard", str(cps), *(getattr(args, "mount_args", "") or "").split()]
+        m = Mounted(args.shardfs, target, mnt, extra)
         try:
             writer(None)(os.path.join(mnt, "a"), arr)
             writer_cpu = own_cpu_seconds() - c

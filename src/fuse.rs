@@ -161,6 +161,9 @@ fn opened_flags(o: &Opened) -> FopenFlags {
     if o.direct_io {
         flags |= FopenFlags::FOPEN_DIRECT_IO;
     }
+    if !o.flush_at_close {
+        flags |= FopenFlags::FOPEN_NOFLUSH;
+    }
     flags
 }
 
@@ -347,13 +350,9 @@ impl Filesystem for FuseAdapter {
         let _answering = self.core.requests().answering(Kind::Open);
         match self.run(|| self.core.open(ino.0, flags.0, asker(req))) {
             Ok(o) => {
-                let mut fl = opened_flags(&o);
-                // Closing a handle that cannot write needs no FLUSH round trip, which would
-                // cost as much as a chunk read itself.
-                if flags.0 & libc::O_ACCMODE == libc::O_RDONLY {
-                    fl |= FopenFlags::FOPEN_NOFLUSH;
-                }
-                reply.opened(FileHandle(o.fh), fl)
+                // Closing a handle that needs no FLUSH (one that cannot write, among
+                // others) costs no round trip, which would cost as much as a chunk read.
+                reply.opened(FileHandle(o.fh), opened_flags(&o))
             }
             Err(e) => reply.error(errno(&e)),
         }

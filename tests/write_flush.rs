@@ -10,6 +10,7 @@ use common::mount::{Mounted, dirs, is_mounted, python_ok, shardfs_timeout, stats
 use common::{assert_ok, stderr, stdout};
 
 const LIMIT: Duration = Duration::from_secs(300);
+const LIMIT_TIME: Duration = LIMIT;
 
 /// zarr-python makes `name` (64x64 uint8 in 16x16 chunks) and writes two of the four
 /// chunks of its first shard (the others are fill value, which zarr-python skips).
@@ -168,15 +169,60 @@ fn stats_counts_the_kernels_requests_by_kind() {
     f.sync_all().unwrap();
     drop(f);
     std::fs::rename(m.path("plain/f"), m.path("plain/g")).unwrap();
+    // An array's document and one chunk: their closes reach the mount (FLUSH), a plain
+    // file's need not (it has nothing to do then).
+    std::fs::create_dir(m.path("a")).unwrap();
+    std::fs::write(m.path("a/zarr.json"), ONE_D).unwrap();
+    std::fs::create_dir(m.path("a/c")).unwrap();
+    std::fs::write(m.path("a/c/0"), [1u8; 16]).unwrap();
     let after = stats(&m);
     let sent = |kind: &str| requests_of(&after, kind) - requests_of(&before, kind);
-    assert_eq!(sent("create"), 1, "{after}");
-    assert_eq!(sent("write"), 3, "{after}");
+    assert_eq!(sent("create"), 3, "{after}");
+    assert_eq!(sent("write"), 5, "{after}");
     assert_eq!(sent("fsync"), 1, "{after}");
     assert_eq!(sent("rename"), 1, "{after}");
-    assert!(sent("flush") >= 1, "close sends FLUSH: {after}");
+    assert_eq!(
+        sent("flush"),
+        2,
+        "only the document's and the chunk's close: {after}"
+    );
     // Reading the stats is itself a lookup, an open and reads of the control file.
     assert!(sent("read") >= 1, "{after}");
     let seconds = after["fuse_requests"]["write"]["seconds"].as_f64().unwrap();
     assert!(seconds > 0.0, "time spent answering is counted: {after}");
+}
+
+const ONE_D: &str = r#"{"zarr_format":3,"node_type":"array","shape":[64],"data_type":"uint8",
+"chunk_grid":{"name":"regular","configuration":{"chunk_shape":[16]}},
+"chunk_key_encoding":{"name":"default"},"fill_value":0,"codecs":[{"name":"bytes"}]}"#;
+
+/// `--raise-max-pages` (as root) lifts the kernel's cap on request sizes to what
+/// `--max-request-kb` asks: a 2 MiB write is one request.
+#[test]
+fn raise_max_pages_makes_a_large_write_one_request() {
+    const LIMIT: &str = "/proc/sys/fs/fuse/max_pages_limit";
+    // The kernel's default, so that the mount has something to raise (only mounts made
+    // from now on see the limit: the others keep theirs).
+    std::fs::write(LIMIT, "256").unwrap();
+    let (_d, backing, _) = dirs();
+    let m = Mounted::new(
+        &backing,
+        &["--max-request-kb", "2048", "--raise-max-pages"],
+        LIMIT_TIME,
+    );
+    let pages: u64 = std::fs::read_to_string(LIMIT)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(pages * 4096 >= 2 << 20, "{LIMIT}: {pages}");
+    let before = stats(&m);
+    std::fs::write(m.path("big"), vec![3u8; 2 << 20]).unwrap();
+    let after = stats(&m);
+    assert_eq!(
+        requests_of(&after, "write") - requests_of(&before, "write"),
+        1,
+        "{after}"
+    );
+    assert_eq!(std::fs::read(m.path("big")).unwrap(), vec![3u8; 2 << 20]);
 }

@@ -172,6 +172,10 @@ struct MountArgs {
     /// raise.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(4..=16384))]
     max_request_kb: u32,
+    /// As root: raise /proc/sys/fs/fuse/max_pages_limit (for every FUSE mount of this
+    /// machine from now on; never lowered) so that --max-request-kb is not capped.
+    #[arg(long)]
+    raise_max_pages: bool,
     /// Chunks per shard for arrays created through the mount: one number for every axis,
     /// or one per axis (`4,4,2`). Default: the auto policy.
     #[arg(long)]
@@ -348,6 +352,9 @@ fn allowed_mount(args: &MountArgs) -> Result<crate::daemon::MountConfig, String>
         write: write_config(args),
     };
     may_mount(&config)?;
+    if args.raise_max_pages {
+        raise_max_pages(args.max_request_kb)?;
+    }
     if let Some(url) = &config.object_url {
         let dir = object_cache(url, args.cache_dir.is_none(), &config.backing)
             .map_err(|e| e.to_string())?;
@@ -677,4 +684,25 @@ mod tests {
             "too long for fusermount3's line"
         );
     }
+}
+
+/// Raises the kernel's cap on FUSE request sizes to cover `kb` KiB (`--raise-max-pages`).
+fn raise_max_pages(kb: u32) -> Result<(), String> {
+    const LIMIT: &str = "/proc/sys/fs/fuse/max_pages_limit";
+    let page = rustix::param::page_size() as u64;
+    let want = (u64::from(kb) * 1024).div_ceil(page);
+    let now: u64 = std::fs::read_to_string(LIMIT)
+        .map_err(|e| {
+            format!(
+                "--raise-max-pages: {LIMIT}: {e} (a kernel before 6.13 has a fixed cap of 1 MiB)"
+            )
+        })?
+        .trim()
+        .parse()
+        .map_err(|e| format!("--raise-max-pages: {LIMIT}: {e}"))?;
+    if now >= want {
+        return Ok(());
+    }
+    std::fs::write(LIMIT, want.to_string())
+        .map_err(|e| format!("--raise-max-pages: writing {want} to {LIMIT}: {e} (it takes root)"))
 }

@@ -33,6 +33,19 @@ pub struct Opened {
     pub keep_cache: bool,
     /// Bypass the page cache altogether.
     pub direct_io: bool,
+    /// Whether a close must reach the mount at once (FLUSH): only for a chunk (its
+    /// close may complete a shard, and a failed shard write is told to that close) and
+    /// a `zarr.json` (committed at its close). Elsewhere a flush does nothing (a file
+    /// held in memory, a lock file, a file in BACKING), and each costs a round trip:
+    /// its RELEASE does what is left, as it does for every handle.
+    pub flush_at_close: bool,
+}
+
+/// Whether closing a handle of `kind` at `rel`, open for writing or not, needs a FLUSH.
+pub(crate) fn flush_at_close(kind: &NodeKind, rel: &Path, writable: bool) -> bool {
+    writable
+        && (matches!(kind, NodeKind::Chunk { .. })
+            || rel.file_name() == Some(OsStr::new(METADATA_FILE)))
 }
 
 /// Space figures of the backing file system, for `statfs`.
@@ -572,6 +585,7 @@ impl ShardFs {
             fh: self.handles.insert(Handle::File(handle)),
             keep_cache: keep_cache && !document,
             direct_io: direct_io || document,
+            flush_at_close: flush_at_close(&info.kind, &info.rel, writable),
         })
     }
 

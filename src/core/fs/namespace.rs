@@ -235,6 +235,7 @@ impl ShardFs {
             NodeKind::Chunk { array, .. } => Some(array.clone()),
             _ => None,
         };
+        let flush = super::lookup::flush_at_close(&kind, Path::new(name), writable);
         let attr = self.enter(parent, name, kind)?;
         let mut handle = FileHandle::new(attr.ino, writable);
         handle.backing = backing_file;
@@ -257,6 +258,7 @@ impl ShardFs {
                 fh,
                 keep_cache: true,
                 direct_io: false,
+                flush_at_close: flush,
             },
         ))
     }
