@@ -649,6 +649,27 @@ fn flush(mountpoint: &Path, path: Option<&Path>) -> ExitCode {
     }
 }
 
+/// Raises the kernel's cap on FUSE request sizes to cover `kb` KiB (`--raise-max-pages`).
+fn raise_max_pages(kb: u32) -> Result<(), String> {
+    const LIMIT: &str = "/proc/sys/fs/fuse/max_pages_limit";
+    let page = rustix::param::page_size() as u64;
+    let want = (u64::from(kb) * 1024).div_ceil(page);
+    let now: u64 = std::fs::read_to_string(LIMIT)
+        .map_err(|e| {
+            format!(
+                "--raise-max-pages: {LIMIT}: {e} (a kernel before 6.13 has a fixed cap of 1 MiB)"
+            )
+        })?
+        .trim()
+        .parse()
+        .map_err(|e| format!("--raise-max-pages: {LIMIT}: {e}"))?;
+    if now >= want {
+        return Ok(());
+    }
+    std::fs::write(LIMIT, want.to_string())
+        .map_err(|e| format!("--raise-max-pages: writing {want} to {LIMIT}: {e} (it takes root)"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -684,25 +705,4 @@ mod tests {
             "too long for fusermount3's line"
         );
     }
-}
-
-/// Raises the kernel's cap on FUSE request sizes to cover `kb` KiB (`--raise-max-pages`).
-fn raise_max_pages(kb: u32) -> Result<(), String> {
-    const LIMIT: &str = "/proc/sys/fs/fuse/max_pages_limit";
-    let page = rustix::param::page_size() as u64;
-    let want = (u64::from(kb) * 1024).div_ceil(page);
-    let now: u64 = std::fs::read_to_string(LIMIT)
-        .map_err(|e| {
-            format!(
-                "--raise-max-pages: {LIMIT}: {e} (a kernel before 6.13 has a fixed cap of 1 MiB)"
-            )
-        })?
-        .trim()
-        .parse()
-        .map_err(|e| format!("--raise-max-pages: {LIMIT}: {e}"))?;
-    if now >= want {
-        return Ok(());
-    }
-    std::fs::write(LIMIT, want.to_string())
-        .map_err(|e| format!("--raise-max-pages: writing {want} to {LIMIT}: {e} (it takes root)"))
 }
