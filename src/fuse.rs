@@ -205,6 +205,9 @@ impl Filesystem for FuseAdapter {
             // Page caches are kept across opens; a changed mtime seen on a later getattr
             // drops them, so rewrites from outside the mount show within the TTL.
             InitFlags::FUSE_AUTO_INVAL_DATA,
+            // Chunks open for writing bypass the page cache (`direct_writes`); a writer
+            // may still map them shared.
+            InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP,
         ] {
             let _ = config.add_capabilities(flag);
         }

@@ -761,3 +761,51 @@ fn an_unlink_then_its_directory_fsynced_survives_a_kill() {
     );
     assert_ok(&again.unmount(&[]), "unmount");
 }
+
+/// Chunks written through the mount leave no copy in the kernel's page cache (the mount
+/// holds their bytes until their shard is written), and a writer may still map one
+/// shared and write through the mapping.
+#[test]
+fn written_chunks_are_not_cached_twice_and_can_be_mapped() {
+    let (_d, backing, _) = dirs();
+    let m = Mounted::new(&backing, &["--chunks-per-shard", "4"], LIMIT);
+    let dir = m.path("a");
+    fs::create_dir_all(dir.join("c")).unwrap();
+    let doc = r#"{"zarr_format":3,"node_type":"array","shape":[4194304],"data_type":"uint8",
+"chunk_grid":{"name":"regular","configuration":{"chunk_shape":[1048576]}},
+"chunk_key_encoding":{"name":"default"},"fill_value":0,"codecs":[{"name":"bytes"}]}"#;
+    fs::write(dir.join("zarr.json"), doc).unwrap();
+    let mut f = fs::File::create(dir.join("c/0")).unwrap();
+    f.write_all(&vec![5u8; 1 << 20]).unwrap();
+    // Asked on the writer's own descriptor (another open could drop the pages).
+    assert_eq!(cached_pages(&f), 0, "pages of c/0 in the page cache");
+    drop(f);
+    let code = "import mmap, os, sys\n\
+                fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)\n\
+                os.ftruncate(fd, 1 << 20)\n\
+                m = mmap.mmap(fd, 1 << 20, mmap.MAP_SHARED)\n\
+                m[:] = bytes([7]) * (1 << 20)\n\
+                m.flush(); m.close(); os.close(fd)";
+    python_ok("a shared mapping", code, &[&dir.join("c/1")]);
+    assert_eq!(fs::read(dir.join("c/1")).unwrap(), vec![7u8; 1 << 20]);
+    assert_eq!(fs::read(dir.join("c/0")).unwrap(), vec![5u8; 1 << 20]);
+    assert_ok(&m.unmount(&[]), "unmount");
+}
+
+/// Pages of `f` in the kernel's page cache (`cachestat(2)`, Linux 6.5).
+fn cached_pages(f: &fs::File) -> u64 {
+    use std::os::fd::AsRawFd;
+    let range = [0u64, 0]; // offset, length (0: to the end)
+    let mut stat = [0u64; 5]; // nr_cache, nr_dirty, nr_writeback, nr_evicted, recently
+    let r = unsafe {
+        libc::syscall(
+            451 as libc::c_long, // SYS_cachestat on x86_64 and aarch64 (the unified table)
+            f.as_raw_fd(),
+            range.as_ptr(),
+            stat.as_mut_ptr(),
+            0,
+        )
+    };
+    assert_eq!(r, 0, "cachestat: {}", std::io::Error::last_os_error());
+    stat[0]
+}

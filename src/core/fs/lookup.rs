@@ -41,6 +41,15 @@ pub struct Opened {
     pub flush_at_close: bool,
 }
 
+/// Whether writes to a file of `kind` bypass the kernel's page cache (FOPEN_DIRECT_IO):
+/// a chunk, or a file held in memory in an array. The mount holds their bytes already
+/// (as segments, until the shard is written); the kernel's cached copy of them was a
+/// second one (zarr-python, S2: 128 MiB of the mount's page cache left at the end, none
+/// with this, and no slower: 1.28 s against 1.68 s median of 3).
+pub(crate) fn direct_writes(kind: &NodeKind) -> bool {
+    matches!(kind, NodeKind::Chunk { .. } | NodeKind::Temp(_))
+}
+
 /// Whether closing a handle of `kind` at `rel`, open for writing or not, needs a FLUSH.
 pub(crate) fn flush_at_close(kind: &NodeKind, rel: &Path, writable: bool) -> bool {
     writable
@@ -581,10 +590,11 @@ impl ShardFs {
         // read past the kernel's cache (which a retry after a refused write would read).
         let document =
             self.tree.shared_by_nodes() && info.rel.file_name() == Some(OsStr::new(METADATA_FILE));
+        let direct_write = writable && direct_writes(&info.kind);
         Ok(Opened {
             fh: self.handles.insert(Handle::File(handle)),
             keep_cache: keep_cache && !document,
-            direct_io: direct_io || document,
+            direct_io: direct_io || document || direct_write,
             flush_at_close: flush_at_close(&info.kind, &info.rel, writable),
         })
     }

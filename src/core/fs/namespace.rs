@@ -236,6 +236,7 @@ impl ShardFs {
             _ => None,
         };
         let flush = super::lookup::flush_at_close(&kind, Path::new(name), writable);
+        let direct = super::lookup::direct_writes(&kind);
         let attr = self.enter(parent, name, kind)?;
         let mut handle = FileHandle::new(attr.ino, writable);
         handle.backing = backing_file;
@@ -257,7 +258,7 @@ impl ShardFs {
             Opened {
                 fh,
                 keep_cache: true,
-                direct_io: false,
+                direct_io: writable && direct,
                 flush_at_close: flush,
             },
         ))
