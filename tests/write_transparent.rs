@@ -540,3 +540,102 @@ fn rss_kib(pid: u32) -> u64 {
     let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
+
+/// Writes `bytes` to `path` and returns what its close said (`fs::write` ignores it, and
+/// a `zarr.json` is judged at its close).
+fn write_and_close(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::os::fd::IntoRawFd;
+    let mut f = fs::File::create(path)?;
+    f.write_all(bytes)?;
+    let fd = f.into_raw_fd();
+    match unsafe { libc::close(fd) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}
+
+/// A document that would read an array's compressed chunks in another form (another
+/// compressor, another chunk size) is refused while the array holds chunks, and taken
+/// when it holds none (found by the attack: `gzip` dropped the mark, and the chunks showed
+/// as frames for good).
+#[test]
+fn a_document_that_would_misread_compressed_chunks_is_refused() {
+    let (_dir, backing, _) = dirs();
+    let m = Mounted::new(
+        &backing,
+        &["--compress", "zstd", "--chunks-per-shard", "4"],
+        LIMIT,
+    );
+    let dir = small(&m, "a", 8);
+    let gzip = BYTES_1D.replace(
+        r#"[{"name":"bytes"}]"#,
+        r#"[{"name":"bytes"},{"name":"gzip","configuration":{"level":1}}]"#,
+    );
+    let int16 = BYTES_1D.replace("uint8", "uint16");
+    for doc in [&gzip, &int16] {
+        let refused = write_and_close(&dir.join("zarr.json"), doc.as_bytes());
+        assert_eq!(
+            common::mount::errno_of(refused),
+            Some(libc::EINVAL),
+            "{doc}"
+        );
+        chunks_read(&dir, 8);
+    }
+    // With no chunk, any document goes.
+    let empty = m.path("empty");
+    fs::create_dir(&empty).unwrap();
+    fs::write(empty.join("zarr.json"), BYTES_1D).unwrap();
+    write_and_close(&empty.join("zarr.json"), gzip.as_bytes()).unwrap();
+    drop_mount(m);
+    assert!(stored_marked(&backing.join("a")));
+    assert!(!stored_marked(&backing.join("empty")));
+}
+
+/// A document put back over the shards its array left is laid out as they are: after a
+/// resize (the policy would now choose other shards), through a mount with another
+/// policy, and where nothing remembers them, refused when the shards do not read under
+/// the policy (found by the attack: every chunk read as EIO, new ones never written).
+#[test]
+fn a_document_put_back_is_laid_out_as_its_shards_are() {
+    let (_dir, backing, _) = dirs();
+    let m = Mounted::new(&backing, &["--chunks-per-shard", "2"], LIMIT);
+    for a in ["resized", "other", "forgotten"] {
+        small(&m, a, 8);
+    }
+    drop_mount(m);
+    let m = Mounted::new(&backing, &[], LIMIT);
+    // Resized: the layout stays (2 chunks per shard), then the document goes and comes back.
+    let resized = fs::read_to_string(m.path("resized/zarr.json")).unwrap();
+    let bigger = resized.replacen("128", "1024", 1);
+    fs::write(m.path("resized/zarr.json"), &bigger).unwrap();
+    fs::rename(m.path("resized/zarr.json"), m.path("away.json")).unwrap();
+    fs::rename(m.path("away.json"), m.path("resized/zarr.json")).unwrap();
+    let other = fs::read(m.path("other/zarr.json")).unwrap();
+    fs::remove_file(m.path("other/zarr.json")).unwrap();
+    fs::write(m.path("other/zarr.json"), &other).unwrap();
+    for a in ["resized", "other"] {
+        chunks_read(&m.path(a), 8);
+    }
+    drop_mount(m);
+    // Nothing remembers "forgotten": its document removed in BACKING, put back through a
+    // mount whose policy would read its shards wrong.
+    let stored = fs::read(backing.join("forgotten/zarr.json")).unwrap();
+    fs::remove_file(backing.join("forgotten/zarr.json")).unwrap();
+    let m = Mounted::new(&backing, &[], LIMIT);
+    let refused = write_and_close(&m.path("forgotten/zarr.json"), BYTES_1D.as_bytes());
+    assert_eq!(common::mount::errno_of(refused), Some(libc::EINVAL));
+    // (The kernel keeps the refused name for its TTL, 1 s: a write through it meanwhile
+    // is not stored. Known; see the README's limits.)
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    // Its own (sharded) document puts it back as it was (shown as its writer wrote it,
+    // sharded, until the next mount).
+    fs::write(m.path("forgotten/zarr.json"), &stored).unwrap();
+    drop_mount(m);
+    let m = Mounted::new(&backing, &[], LIMIT);
+    chunks_read(&m.path("forgotten"), 8);
+    drop_mount(m);
+    common::assert_ok(
+        &common::shardfs(&["verify", backing.to_str().unwrap()]),
+        "verify",
+    );
+}

@@ -299,8 +299,37 @@ impl ShardIndex {
     }
 }
 
+/// How many entries an index with a crc32c at the end of `tail` (the last bytes of a
+/// file) would have: the fewest `n` whose `16 * n` bytes before the last 4 have that
+/// checksum, if any does within `tail`. Tells a shard file laid out with another number
+/// of chunks per shard from a file that is no shard at all (a chunk file).
+pub fn entries_before_crc(tail: &[u8]) -> Option<usize> {
+    let (body, crc) = tail.split_at(tail.len().checked_sub(4)?);
+    let stored = u32::from_le_bytes(crc.try_into().ok()?);
+    let mut computed = 0u32; // the crc32c of no bytes
+    for n in 1..=body.len() / 16 {
+        let entry = &body[body.len() - 16 * n..body.len() - 16 * (n - 1)];
+        computed = crc32c::crc32c_combine(crc32c::crc32c(entry), computed, 16 * (n - 1));
+        if computed == stored {
+            return Some(n);
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn entries_before_a_crc_are_found_in_a_tail() {
+        let body: Vec<u8> = (0..16 * 27u32).map(|i| (i * 7 + 3) as u8).collect();
+        let mut file = vec![9u8; 100];
+        file.extend_from_slice(&body);
+        file.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
+        assert_eq!(entries_before_crc(&file), Some(27));
+        assert_eq!(entries_before_crc(&file[..file.len() - 1]), None);
+        assert_eq!(entries_before_crc(&[0u8; 3]), None);
+    }
+
     use super::*;
 
     fn format(cps: &[u64], location: IndexLocation) -> IndexFormat {

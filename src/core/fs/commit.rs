@@ -101,13 +101,16 @@ impl ShardFs {
         if meta.codecs.iter().any(|c| c.name == SHARDING_CODEC) {
             return self.commit_as_written(dir, bytes, made).map(|()| None);
         }
+        if let Some(old) = self.array_at(dir)? {
+            self.keeps_its_form(dir, &old, &meta)?;
+        }
         let sharded = self.sharded_form(dir, &meta);
         if let Ok(new) = &sharded {
             self.settle_layout(dir, Some(new))?;
         }
         match sharded {
             Ok(sharded) if self.array_at(dir)?.is_none() => {
-                let sharded = self.as_its_shards_are(dir, &meta, sharded);
+                let sharded = self.as_it_was_left(dir, &meta, sharded)?;
                 // Nothing new may appear in plain directories until the array exists, so
                 // that every chunk file written before is imported.
                 let _exclusive = self.plain_names.write().unwrap_or_else(|e| e.into_inner());
@@ -203,37 +206,106 @@ impl ShardFs {
         }
     }
 
+    /// Refuses a document for an array the mount compresses, holding chunks, that would
+    /// read them in another form: another compressor or checksum (the mount's `zstd` can
+    /// only be undone under raw codecs), or another raw chunk size (every stored chunk
+    /// would hold more, or less, than a chunk then holds).
+    fn keeps_its_form(
+        &self,
+        dir: &Path,
+        old: &ArrayState,
+        meta: &ArrayMetadata,
+    ) -> Result<(), FsError> {
+        let Some(z) = old.zstd else {
+            return Ok(());
+        };
+        let new = transparent::unmarked(meta);
+        let raw_size = transparent::raw_chunk_bytes(&new);
+        if transparent::raw(&new.codecs) && raw_size == Some(z.max) {
+            return Ok(());
+        }
+        let pending = self.shards.pending().iter().any(|p| p.array.rel == dir);
+        let mut probe = Probe::default();
+        self.probe_shards(old, dir, &KeyNode::Root, &mut probe);
+        if !pending && probe.chunks.is_none() {
+            return Ok(());
+        }
+        Err(FsError::refused(
+            &dir.join(METADATA_FILE),
+            Rule::InvalidArrayMetadata,
+            format!(
+                "the mount stores this array's chunks compressed ({} bytes each, raw); a \
+                 document with other codecs or another chunk size would read them in \
+                 another form: remove the array (or its chunks) first",
+                z.max
+            ),
+        ))
+    }
+
     /// A new array's document over shards already in its directory (its `zarr.json` was
-    /// removed and put back, or moved away and back): whether the mount compresses it is
-    /// what those shards' chunks are, whatever this mount's option, since they stay as
-    /// they are: compressed when the first shard with chunks holds the mount's frames
-    /// only (`transparent::are_frames`), raw otherwise (a raw chunk is any bytes, of any
-    /// size a writer left).
+    /// removed, or moved away, and put back): laid out as those shards are. The layout the
+    /// array had when its document went through this mount (`left.rs`), when the new
+    /// document has its chunk grid and keys; else the mount's policy, refused when shard
+    /// files are there and none reads under it (every chunk would read as damage, and
+    /// new ones could not be written).
+    fn as_it_was_left(
+        &self,
+        dir: &Path,
+        meta: &ArrayMetadata,
+        sharded: ArrayMetadata,
+    ) -> Result<ArrayMetadata, FsError> {
+        if let Some(old) = self.left.take(dir)
+            && let Some(form) = laid_out_as(&old, meta)
+        {
+            return Ok(form);
+        }
+        self.as_its_shards_are(dir, meta, sharded)
+    }
+
+    /// Whether the mount compresses a new array put back over shards is what those
+    /// shards' chunks are, whatever this mount's option, since they stay as they are:
+    /// compressed when the first shard with chunks holds the mount's frames only
+    /// (`transparent::are_frames`), raw otherwise (a raw chunk is any bytes, of any size
+    /// a writer left).
     fn as_its_shards_are(
         &self,
         dir: &Path,
         meta: &ArrayMetadata,
         sharded: ArrayMetadata,
-    ) -> ArrayMetadata {
+    ) -> Result<ArrayMetadata, FsError> {
         let meta = transparent::unmarked(meta);
+        let Ok(Some(layout)) = ShardLayout::of(&sharded) else {
+            return Ok(sharded);
+        };
+        let found = self.backing.identify(dir).ok().flatten();
+        let Some(array) = found.and_then(|f| draft_array(dir, &sharded, f)) else {
+            return Ok(sharded);
+        };
+        let mut probe = Probe::default();
+        self.probe_shards(&array, dir, &KeyNode::Root, &mut probe);
+        if probe.read == 0 && probe.unreadable > 0 {
+            return Err(FsError::refused(
+                &dir.join(METADATA_FILE),
+                Rule::InvalidArrayMetadata,
+                format!(
+                    "the shard files in this directory do not read as shards of {:?} \
+                     chunks: put back the document the array had in BACKING (sharded; \
+                     the next mount shows it unsharded again), or move its shard files \
+                     away first",
+                    layout.chunks_per_shard()
+                ),
+            ));
+        }
         let raw_size = match transparent::raw(&meta.codecs) {
             true => transparent::raw_chunk_bytes(&meta),
             false => None,
         };
-        let (Some(raw_size), Ok(Some(layout))) = (raw_size, ShardLayout::of(&sharded)) else {
-            return sharded;
-        };
-        let found = self.backing.identify(dir).ok().flatten();
-        let Some(array) = found.and_then(|f| draft_array(dir, &sharded, f)) else {
-            return sharded;
-        };
-        let mut budget = PROBED_FILES;
-        let Some(chunks) = self.first_shard_chunks(&array, dir, &KeyNode::Root, &mut budget) else {
-            return sharded;
+        let (Some(raw_size), Some(chunks)) = (raw_size, probe.chunks) else {
+            return Ok(sharded);
         };
         let compressed = transparent::are_frames(&chunks, raw_size);
         if compressed == array.zstd.is_some() {
-            return sharded;
+            return Ok(sharded);
         }
         info!(array = %self.backing.path(dir).display(), compressed,
             "the array's shards decide whether the mount compresses it");
@@ -242,56 +314,72 @@ impl ShardFs {
             true => transparent::marked(&meta, level).unwrap_or(meta),
             false => meta,
         };
-        sharded_with(&form, layout.chunks_per_shard(), layout.index.location).unwrap_or(sharded)
+        Ok(
+            sharded_with(&form, layout.chunks_per_shard(), layout.index.location)
+                .unwrap_or(sharded),
+        )
     }
 
-    /// Chunks of the first shard file below `rel` that holds any (looking at no more than
-    /// `budget` files).
-    fn first_shard_chunks(
-        &self,
-        array: &ArrayState,
-        rel: &Path,
-        node: &KeyNode,
-        budget: &mut usize,
-    ) -> Option<Vec<Bytes>> {
-        for entry in self.backing.list(rel).ok()? {
-            let name = entry.name.to_str()?;
+    /// Looks at the shard files below `rel` (no more than `PROBED_FILES`) until one holds
+    /// chunks: which read as shards of `array`, which do not, and that one's chunks.
+    fn probe_shards(&self, array: &ArrayState, rel: &Path, node: &KeyNode, probe: &mut Probe) {
+        let Ok(entries) = self.backing.list(rel) else {
+            return;
+        };
+        for entry in entries {
+            let Some(name) = entry.name.to_str() else {
+                continue;
+            };
             let path = rel.join(name);
             match (array.classify_name(node, name), entry.kind.is_dir()) {
-                (ArrayName::Key(KeyNode::Chunk(coords)), false) => {
-                    if *budget == 0 {
-                        return None;
-                    }
-                    *budget -= 1;
-                    if let Some(chunks) = self.shard_chunks(array, &coords, &path) {
-                        return Some(chunks);
+                (ArrayName::Key(KeyNode::Chunk(coords)), false)
+                    if crate::grid::inside(&coords, &array.layout.shard_grid_shape()) =>
+                {
+                    probe.files += 1;
+                    match self.shard_chunks(array, &path) {
+                        Ok(chunks) => {
+                            probe.read += 1;
+                            probe.chunks = chunks;
+                        }
+                        Err(()) => probe.unreadable += 1,
                     }
                 }
                 (ArrayName::Key(child @ KeyNode::Dir(_)), true) => {
-                    let found = self.first_shard_chunks(array, &path, &child, budget);
-                    if found.is_some() || *budget == 0 {
-                        return found;
-                    }
+                    self.probe_shards(array, &path, &child, probe);
                 }
                 _ => {}
             }
+            if probe.chunks.is_some() || probe.files >= PROBED_FILES {
+                return;
+            }
         }
-        None
     }
 
-    /// Up to `PROBED_CHUNKS` chunks of the file at `rel`, if it is a shard of `array`
-    /// with any. A chunk larger than any frame of a raw chunk's size can be is given as
-    /// empty (it is no frame: `are_frames` says so) and not read.
-    fn shard_chunks(&self, array: &ArrayState, coords: &[u64], rel: &Path) -> Option<Vec<Bytes>> {
+    /// Up to `PROBED_CHUNKS` chunks of the shard file at `rel` (`None`: it holds none),
+    /// or `Err` when it does not read as a shard of `array`. A chunk larger than any frame
+    /// of a raw chunk's size can be is given as empty (it is no frame: `are_frames` says
+    /// so) and not read.
+    fn shard_chunks(&self, array: &ArrayState, rel: &Path) -> Result<Option<Vec<Bytes>>, ()> {
         use std::os::unix::fs::FileExt;
-        if !crate::grid::inside(coords, &array.layout.shard_grid_shape()) {
-            return None;
-        }
-        let raw = transparent::raw_chunk_bytes(&shown_view(&array.meta).ok()?)?;
-        let bound = zstd::zstd_safe::compress_bound(usize::try_from(raw).ok()?) as u64;
-        let file = self.backing.open(rel).ok()?;
-        let len = file.metadata().ok()?.len();
-        let index = crate::shard::read_index(&file, len, &array.layout.index).ok()?;
+        let file = self.backing.open(rel).map_err(|_| ())?;
+        let len = file.metadata().map_err(|_| ())?.len();
+        let index = match crate::shard::read_index(&file, len, &array.layout.index) {
+            Ok(index) => index,
+            // A shard of another layout (an index with its checksum at the end), or no
+            // shard at all (a chunk file written before the document): that is nothing.
+            Err(_) => {
+                return if shard_like(&file, len) {
+                    Err(())
+                } else {
+                    Ok(None)
+                };
+            }
+        };
+        let raw = shown_view(&array.meta)
+            .ok()
+            .and_then(|v| transparent::raw_chunk_bytes(&v))
+            .unwrap_or(0);
+        let bound = zstd::zstd_safe::compress_bound(usize::try_from(raw).unwrap_or(0)) as u64;
         let mut chunks = Vec::new();
         for (_, r) in index.present().take(PROBED_CHUNKS) {
             if r.nbytes > bound {
@@ -299,10 +387,10 @@ impl ShardFs {
                 continue;
             }
             let mut buf = vec![0u8; r.nbytes as usize];
-            file.read_exact_at(&mut buf, r.offset).ok()?;
+            file.read_exact_at(&mut buf, r.offset).map_err(|_| ())?;
             chunks.push(Bytes::from(buf));
         }
-        (!chunks.is_empty()).then_some(chunks)
+        Ok((!chunks.is_empty()).then_some(chunks))
     }
 
     /// Writers that copy a tree (cp -r, rsync) may write an array's chunk files before its
@@ -577,6 +665,45 @@ const PROBED_FILES: usize = 64;
 
 /// The chunks of that shard looked at (each read whole and decoded when it is a frame).
 const PROBED_CHUNKS: usize = 8;
+
+/// What the shard files below a new array's directory are (`probe_shards`).
+#[derive(Default)]
+struct Probe {
+    files: usize,
+    read: usize,
+    unreadable: usize,
+    /// The chunks of the first that holds any.
+    chunks: Option<Vec<Bytes>>,
+}
+
+/// Whether the file `file` (of `len` bytes) ends like a shard: an index of up to 65,536
+/// entries and its crc32c.
+fn shard_like(file: &std::fs::File, len: u64) -> bool {
+    use std::os::unix::fs::FileExt;
+    let take = len.min(16 * 65_536 + 4);
+    let mut tail = vec![0u8; take as usize];
+    file.read_exact_at(&mut tail, len - take).is_ok()
+        && crate::shard::index::entries_before_crc(&tail).is_some()
+}
+
+/// The document of an array put back as `meta` over the shards it left, stored as `old`:
+/// laid out as `old` (chunks per shard, index location, the mount's zstd), when `meta`
+/// has `old`'s chunk grid and keys (else those shards hold other chunks).
+fn laid_out_as(old: &ArrayMetadata, meta: &ArrayMetadata) -> Option<ArrayMetadata> {
+    let meta = transparent::unmarked(meta);
+    let view = shown_view(old).ok()?;
+    let same = regular_chunk_shape(&view).ok()? == regular_chunk_shape(&meta).ok()?
+        && view.chunk_key_encoding == meta.chunk_key_encoding
+        && view.ndim() == meta.ndim();
+    if !same {
+        return None;
+    }
+    let layout = ShardLayout::of(old).ok().flatten()?;
+    let form = transparent::of_stored(old)
+        .and_then(|z| transparent::marked(&meta, z.level))
+        .unwrap_or(meta);
+    sharded_with(&form, layout.chunks_per_shard(), layout.index.location).ok()
+}
 
 /// Where a chunk file written before its array's metadata waits while it is imported.
 fn staged(rel: &Path) -> PathBuf {

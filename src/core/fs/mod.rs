@@ -9,6 +9,7 @@
 pub mod commit;
 pub mod durable;
 pub mod flush;
+mod left;
 pub mod lookup;
 pub mod namespace;
 pub mod write;
@@ -105,6 +106,8 @@ pub struct ShardFs {
     refusals: Arc<refusal::RefusalLog>,
     /// `shardfs unmount --give-up` asked: the final flush is tried once, not retried.
     giving_up: std::sync::atomic::AtomicBool,
+    /// Layouts of arrays whose document went while their shards stayed (`left.rs`).
+    left: left::LeftLayouts,
 }
 
 /// Orders the changes of pending chunks against the few operations during which none may
@@ -177,6 +180,7 @@ impl ShardFs {
             gate: Gate::default(),
             unreplayed: std::sync::Mutex::default(),
             giving_up: Default::default(),
+            left: Default::default(),
             tree: Box::new(crate::store::tree::Local(tree_backing)),
         }
     }

@@ -598,6 +598,7 @@ impl ShardFs {
     fn unlink_array_document(&self, array: &ArrayState, rel: &Path) -> Result<(), FsError> {
         self.settle_durably(&array.rel)?;
         self.tree.remove_whole(rel)?;
+        self.left.left(&array.rel, &array.meta);
         self.prune_key_dirs(array, &array.rel, &KeyNode::Root);
         self.shards.forget_array(&array.rel);
         self.temps.forget_below(&array.rel);
@@ -918,6 +919,7 @@ impl ShardFs {
             .map(|d| self.orphan_of(mv.to.0, mv.to.1, d, &mv.dst_rel));
         if let NodeKind::ArrayMeta(array) = &mv.src {
             self.flush_array_at(&array.rel)?;
+            self.left.left(&array.rel, &array.meta);
         }
         if let (NodeKind::Chunk { array, coords }, Place::Chunk(..)) = (&mv.src, &mv.place) {
             // (The first key it left: a later one held it only in memory.)
