@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Benchmarks (not tests): shardfs against the native writers, in one run.
-#   scripts/bench.sh all [--quick] [--runs N] [--markdown FILE]
-#                                        the whole matrix (scripts/bench_matrix.py)
+#   scripts/bench.sh all [--quick] [--runs N] [--markdown FILE] [--parts P,..] [--only NAME]
+#                        [--mount-args '...']
+#                                        the whole matrix (scripts/bench_matrix.py): 9
+#                                        interleaved rounds, medians (min-max), CPU times,
+#                                        requests per chunk
 #   scripts/bench.sh read  [--runs N]    reading a 512^3 array through the mount vs natively
 #   scripts/bench.sh write [--runs N]    scenario S3 (chunk-by-chunk writes) through the mount
 #   scripts/bench.sh fsync [--runs N]    tensorstore with its fsyncs, S1-S3 (the journal)

@@ -467,6 +467,8 @@ def markdown(results):
                      f"{r['native_cpu_s']:.2f} / {r['writer_cpu_s']:.2f} + "
                      f"{r['daemon_cpu_s']:.2f} s | {r['requests_per_chunk']:.1f} | "
                      f"{r['daemon_peak_rss_mib']:.0f} MiB |")
+    if not results.get("read_s1"):
+        return "\n".join(lines) + "\n"
     lines += ["", "| read | native sharded | mount | ratio | peak RSS |", "|---|---|---|---|---|"]
     for name, r in results.get("read_s1", {}).items():
         lines.append(f"| {name} | {r['native_sharded_s']:.2f} s | {r['mount_s']:.2f} s | "
