@@ -218,8 +218,14 @@ mod tests {
         // One raw chunk among frames: not the mount's.
         assert!(!are_frames(&[frame.clone(), raw], 400));
         // A frame of exactly the raw size is still a frame.
-        let noise: Vec<u8> = (0..400u32)
-            .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let noise: Vec<u8> = (0..400)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 32) as u8
+            })
             .collect();
         let big = z.encode(&[Bytes::from(noise)]).unwrap();
         assert!(big.len() >= 400, "incompressible: {}", big.len());

@@ -584,6 +584,16 @@ impl ShardFs {
         if self.revalidated(&info) {
             info = self.node(ino)?;
         }
+        // A document refused at its close lost its name, but the kernel may still hold the
+        // name for its TTL: an open through it (the writer's next try, `cp` of another
+        // document) would write into the refused one, never stored. ESTALE makes the
+        // kernel look the name up again, and find nothing.
+        if info.detached
+            && matches!(info.kind, NodeKind::Temp(_))
+            && info.name == OsStr::new(METADATA_FILE)
+        {
+            return Err(FsError::Stale);
+        }
         let mut handle = FileHandle::new(ino, writable);
         let (keep_cache, direct_io) = self.open_node(&info, flags, &mut handle, by)?;
         // A document of an object store may be another node's new one at the next open:
