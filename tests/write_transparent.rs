@@ -616,6 +616,10 @@ fn a_document_put_back_is_laid_out_as_its_shards_are() {
     for a in ["resized", "other"] {
         chunks_read(&m.path(a), 8);
     }
+    // An array removed whole and made anew at a path takes the mount's policy (here one
+    // shard for the array), not the layout the one before it left.
+    fs::remove_dir_all(m.path("resized")).unwrap();
+    small(&m, "resized", 8);
     drop_mount(m);
     // Nothing remembers "forgotten": its document removed in BACKING, put back through a
     // mount whose policy would read its shards wrong.
@@ -632,8 +636,70 @@ fn a_document_put_back_is_laid_out_as_its_shards_are() {
     let m = Mounted::new(&backing, &[], LIMIT);
     chunks_read(&m.path("forgotten"), 8);
     drop_mount(m);
+    let remade = doc(&backing.join("resized"));
+    let shard = &remade["chunk_grid"]["configuration"]["chunk_shape"];
+    assert_eq!(shard, &json!([128]), "{remade}");
     common::assert_ok(
         &common::shardfs(&["verify", backing.to_str().unwrap()]),
         "verify",
     );
+}
+
+/// A document put back through the mount is held to what a rewrite would be: one that
+/// would read the array's compressed chunks in another form is refused (found by the
+/// attack: removed, then put back with `gzip`, the mount's zstd was dropped for good), and
+/// the array's own document puts it back.
+#[test]
+fn a_document_put_back_keeps_the_form_of_compressed_chunks() {
+    let (_dir, backing, _) = dirs();
+    let m = Mounted::new(
+        &backing,
+        &["--compress", "zstd", "--chunks-per-shard", "4"],
+        LIMIT,
+    );
+    let dir = small(&m, "a", 8);
+    let shown = fs::read(dir.join("zarr.json")).unwrap();
+    fs::remove_file(dir.join("zarr.json")).unwrap();
+    let gzip = BYTES_1D.replace(
+        r#"[{"name":"bytes"}]"#,
+        r#"[{"name":"bytes"},{"name":"gzip","configuration":{"level":1}}]"#,
+    );
+    let refused = write_and_close(&dir.join("zarr.json"), gzip.as_bytes());
+    assert_eq!(common::mount::errno_of(refused), Some(libc::EINVAL));
+    write_and_close(&dir.join("zarr.json"), &shown).unwrap();
+    chunks_read(&dir, 8);
+    drop_mount(m);
+    assert!(stored_marked(&backing.join("a")));
+}
+
+/// Chunk files of the `crc32c` codec (data, then its checksum) copied in before their
+/// `zarr.json` are chunks, not shards of another layout (found by the attack: `cp -r` in
+/// that order was refused).
+#[test]
+fn crc32c_chunk_files_before_their_document_are_chunks() {
+    let (_dir, backing, _) = dirs();
+    let m = Mounted::new(&backing, &["--chunks-per-shard", "4"], LIMIT);
+    let dir = m.path("q");
+    fs::create_dir_all(dir.join("c")).unwrap();
+    let chunk = |k: u8| {
+        let data: Vec<u8> = (0..16).map(|i| k * 16 + i).collect();
+        let mut bytes = data.clone();
+        bytes.extend_from_slice(&crc32c::crc32c(&data).to_le_bytes());
+        bytes
+    };
+    for k in 0..8u8 {
+        fs::write(dir.join(format!("c/{k}")), chunk(k)).unwrap();
+    }
+    let doc = BYTES_1D.replace(
+        r#"[{"name":"bytes"}]"#,
+        r#"[{"name":"bytes"},{"name":"crc32c"}]"#,
+    );
+    write_and_close(&dir.join("zarr.json"), doc.as_bytes()).unwrap();
+    for k in 0..8u8 {
+        assert_eq!(fs::read(dir.join(format!("c/{k}"))).unwrap(), chunk(k));
+    }
+    drop_mount(m);
+    let code = "import sys, zarr, numpy as np\n\
+                assert (zarr.open_array(sys.argv[1])[:] == np.arange(128)).all()";
+    common::mount::python_ok("native read", code, &[&backing.join("q")]);
 }

@@ -303,31 +303,69 @@ impl ShardIndex {
 /// file) would have: the fewest `n` whose `16 * n` bytes before the last 4 have that
 /// checksum, if any does within `tail`. Tells a shard file laid out with another number
 /// of chunks per shard from a file that is no shard at all (a chunk file).
-pub fn entries_before_crc(tail: &[u8]) -> Option<usize> {
+pub fn entries_before_crc(tail: &[u8], file_len: u64) -> Option<usize> {
     let (body, crc) = tail.split_at(tail.len().checked_sub(4)?);
     let stored = u32::from_le_bytes(crc.try_into().ok()?);
     let mut computed = 0u32; // the crc32c of no bytes
     for n in 1..=body.len() / 16 {
-        let entry = &body[body.len() - 16 * n..body.len() - 16 * (n - 1)];
+        let entries = &body[body.len() - 16 * n..];
+        let entry = &entries[..16];
         computed = crc32c::crc32c_combine(crc32c::crc32c(entry), computed, 16 * (n - 1));
-        if computed == stored {
+        if computed == stored && plausible(entries, file_len - 16 * n as u64 - 4) {
             return Some(n);
         }
     }
     None
 }
 
+/// Whether `entries` read as an index of chunks in the first `data` bytes of a file: each
+/// missing, or inside them, and at least one holding bytes. (A chunk file that ends with
+/// a crc32c of its data, as the `crc32c` codec makes it, has one too: its data read as
+/// entries points outside the file, or at nothing.)
+fn plausible(entries: &[u8], data: u64) -> bool {
+    let mut any = false;
+    for e in entries.chunks_exact(16) {
+        let offset = u64::from_le_bytes(e[..8].try_into().unwrap_or_default());
+        let nbytes = u64::from_le_bytes(e[8..].try_into().unwrap_or_default());
+        if offset == MISSING && nbytes == MISSING {
+            continue;
+        }
+        if offset.checked_add(nbytes).is_none_or(|end| end > data) {
+            return false;
+        }
+        any |= nbytes > 0;
+    }
+    any
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
     fn entries_before_a_crc_are_found_in_a_tail() {
-        let body: Vec<u8> = (0..16 * 27u32).map(|i| (i * 7 + 3) as u8).collect();
+        // A shard: 100 bytes of chunks, 27 entries (each chunk 3 bytes, some missing).
+        let mut body = Vec::new();
+        for i in 0..27u64 {
+            let (offset, nbytes) = if i % 4 == 0 {
+                (MISSING, MISSING)
+            } else {
+                (i * 3, 3)
+            };
+            body.extend_from_slice(&offset.to_le_bytes());
+            body.extend_from_slice(&nbytes.to_le_bytes());
+        }
         let mut file = vec![9u8; 100];
         file.extend_from_slice(&body);
         file.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
-        assert_eq!(entries_before_crc(&file), Some(27));
-        assert_eq!(entries_before_crc(&file[..file.len() - 1]), None);
-        assert_eq!(entries_before_crc(&[0u8; 3]), None);
+        let len = file.len() as u64;
+        assert_eq!(entries_before_crc(&file, len), Some(27));
+        assert_eq!(entries_before_crc(&file[..file.len() - 1], len - 1), None);
+        assert_eq!(entries_before_crc(&[0u8; 3], 3), None);
+        // A chunk file of the crc32c codec: its data and their checksum, no index.
+        for data in [(0..32u8).collect::<Vec<u8>>(), vec![0u8; 64]] {
+            let mut chunk = data.clone();
+            chunk.extend_from_slice(&crc32c::crc32c(&data).to_le_bytes());
+            assert_eq!(entries_before_crc(&chunk, chunk.len() as u64), None);
+        }
     }
 
     use super::*;

@@ -255,11 +255,34 @@ impl ShardFs {
         sharded: ArrayMetadata,
     ) -> Result<ArrayMetadata, FsError> {
         if let Some(old) = self.left.take(dir)
-            && let Some(form) = laid_out_as(&old, meta)
+            && self.holds_shards(dir, &old)
         {
-            return Ok(form);
+            // The document put back is held to what a rewrite of the array would be.
+            let left = draft_array(
+                dir,
+                &old,
+                self.backing.identify(dir)?.ok_or(FsError::NotFound)?,
+            );
+            if let Some(left) = &left {
+                self.keeps_its_form(dir, left, meta)?;
+            }
+            if let Some(form) = laid_out_as(&old, meta) {
+                return Ok(form);
+            }
         }
         self.as_its_shards_are(dir, meta, sharded)
+    }
+
+    /// Whether any shard file of the array `sharded` would make of `dir` is there (an
+    /// array removed whole and made anew at its path has none: it takes the policy).
+    fn holds_shards(&self, dir: &Path, sharded: &ArrayMetadata) -> bool {
+        let found = self.backing.identify(dir).ok().flatten();
+        let Some(array) = found.and_then(|f| draft_array(dir, sharded, f)) else {
+            return false;
+        };
+        let mut probe = Probe::default();
+        self.probe_shards(&array, dir, &KeyNode::Root, &mut probe);
+        probe.read > 0
     }
 
     /// Whether the mount compresses a new array put back over shards is what those
@@ -683,7 +706,7 @@ fn shard_like(file: &std::fs::File, len: u64) -> bool {
     let take = len.min(16 * 65_536 + 4);
     let mut tail = vec![0u8; take as usize];
     file.read_exact_at(&mut tail, len - take).is_ok()
-        && crate::shard::index::entries_before_crc(&tail).is_some()
+        && crate::shard::index::entries_before_crc(&tail, len).is_some()
 }
 
 /// The document of an array put back as `meta` over the shards it left, stored as `old`:
@@ -699,9 +722,12 @@ fn laid_out_as(old: &ArrayMetadata, meta: &ArrayMetadata) -> Option<ArrayMetadat
         return None;
     }
     let layout = ShardLayout::of(old).ok().flatten()?;
-    let form = transparent::of_stored(old)
-        .and_then(|z| transparent::marked(&meta, z.level))
-        .unwrap_or(meta);
+    let form = match transparent::of_stored(old) {
+        None => meta,
+        // The same form or none: a put-back is held to what a rewrite is
+        // (`keeps_its_form`), checked by the caller.
+        Some(z) => transparent::marked(&meta, z.level)?,
+    };
     sharded_with(&form, layout.chunks_per_shard(), layout.index.location).ok()
 }
 
