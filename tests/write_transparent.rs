@@ -610,10 +610,12 @@ fn a_document_put_back_is_laid_out_as_its_shards_are() {
     fs::write(m.path("resized/zarr.json"), &bigger).unwrap();
     fs::rename(m.path("resized/zarr.json"), m.path("away.json")).unwrap();
     fs::rename(m.path("away.json"), m.path("resized/zarr.json")).unwrap();
+    // Other: its document removed, its directory renamed, then the document put back.
     let other = fs::read(m.path("other/zarr.json")).unwrap();
     fs::remove_file(m.path("other/zarr.json")).unwrap();
-    fs::write(m.path("other/zarr.json"), &other).unwrap();
-    for a in ["resized", "other"] {
+    fs::rename(m.path("other"), m.path("other2")).unwrap();
+    fs::write(m.path("other2/zarr.json"), &other).unwrap();
+    for a in ["resized", "other2"] {
         chunks_read(&m.path(a), 8);
     }
     // An array removed whole and made anew at a path takes the mount's policy (here one

@@ -33,6 +33,22 @@ impl LeftLayouts {
         by_dir.insert(dir.to_path_buf(), stored.clone());
     }
 
+    /// The directory `from` (and all below it) is at `to` now: what was left there goes
+    /// with it.
+    pub(crate) fn moved(&self, from: &Path, to: &Path) {
+        let mut by_dir = crate::sync::lock(&self.by_dir);
+        let below: Vec<PathBuf> = by_dir
+            .keys()
+            .filter(|k| k.starts_with(from))
+            .cloned()
+            .collect();
+        for old in below {
+            if let (Some(meta), Ok(rest)) = (by_dir.remove(&old), old.strip_prefix(from)) {
+                by_dir.insert(to.join(rest), meta);
+            }
+        }
+    }
+
     /// The stored document the array at `dir` had when its document went, taken.
     pub(crate) fn take(&self, dir: &Path) -> Option<ArrayMetadata> {
         crate::sync::lock(&self.by_dir).remove(dir)

@@ -901,6 +901,7 @@ impl ShardFs {
             self.backing.create_dir_all(dir)?;
         }
         self.as_caller(by, || self.backing.rename(src_rel, to))?;
+        self.left.moved(src_rel, to);
         self.shards.forget_array(src_rel);
         self.temps.forget_below(src_rel);
         self.inodes.bump_generation();
