@@ -292,8 +292,9 @@ impl Filesystem for FuseAdapter {
         mut reply: ReplyDirectoryPlus,
     ) {
         let _answering = self.core.requests().answering(Kind::Readdirplus);
-        let entries = match self.run(|| self.core.readdir(fh.0)) {
-            Ok(entries) => entries,
+        let listed = self.run(|| Ok((self.core.readdir(fh.0)?, self.core.lister(ino.0)?)));
+        let (entries, lister) = match listed {
+            Ok(listed) => listed,
             Err(e) => return reply.error(errno(&e)),
         };
         for (i, entry) in entries.iter().enumerate().skip(offset as usize) {
@@ -317,7 +318,7 @@ impl Filesystem for FuseAdapter {
                 continue;
             }
             // A name that vanished since opendir is skipped, as a real directory would.
-            let Ok(attr) = self.run(|| self.core.lookup(ino.0, &entry.name)) else {
+            let Ok(attr) = self.run(|| lister.lookup(&entry.name)) else {
                 continue;
             };
             if reply.add(

@@ -16,11 +16,11 @@ use crate::core::array::ArrayName;
 use crate::core::array::ArrayState;
 use crate::core::error::FsError;
 use crate::core::pending::memfile::{FileData, MemFile};
-use crate::core::shards::ChunkData;
+use crate::core::shards::{ChunkData, Shown};
 use crate::core::view::attr::Attr;
 use crate::core::view::classify::DirClass;
-use crate::core::view::handle::{DirHandle, FileHandle, Handle, ListEntry, read_full_at};
-use crate::core::view::inode::{FileType, Ino, NodeInfo, NodeKind, ROOT};
+use crate::core::view::handle::{FileHandle, Handle, read_full_at};
+use crate::core::view::inode::{Ino, NodeInfo, NodeKind, ROOT};
 use crate::sync::lock;
 use crate::zarr::{KeyNode, METADATA_FILE};
 
@@ -203,7 +203,12 @@ impl ShardFs {
     /// Whether BACKING's directory at `rel`, or a key directory below it, holds files that
     /// are not part of the key tree (a temporary file never renamed, written out as it
     /// was): they are shown there. Only asked when no chunk lies below.
-    fn has_extras(&self, array: &ArrayState, node: &KeyNode, rel: &Path) -> Result<bool, FsError> {
+    pub(super) fn has_extras(
+        &self,
+        array: &ArrayState,
+        node: &KeyNode,
+        rel: &Path,
+    ) -> Result<bool, FsError> {
         for e in self.backing.list(rel)? {
             let Some(name) = e.name.to_str() else {
                 return Ok(true);
@@ -330,22 +335,24 @@ impl ShardFs {
         array: &Arc<ArrayState>,
         coords: &[u64],
     ) -> Result<Attr, FsError> {
-        match self.shards.chunk(&self.backing, array, coords)? {
-            ChunkData::Absent => Err(FsError::NotFound),
-            ChunkData::Stored(c) => Ok(Attr::virtual_file(
-                ino,
-                &self.owner_of(&array.rel)?,
-                c.size()?,
-                c.mtime,
-            )),
-            ChunkData::Pending(file) => self.held_attr(ino, &file, &array.rel),
+        let owner = self.owner_of(&array.rel)?;
+        self.chunk_attr_owned(ino, array, coords, &owner)
+    }
+
+    /// A chunk's attributes, its array's directory being `owner` (BACKING's nearest).
+    pub(super) fn chunk_attr_owned(
+        &self,
+        ino: Ino,
+        array: &Arc<ArrayState>,
+        coords: &[u64],
+        owner: &std::fs::Metadata,
+    ) -> Result<Attr, FsError> {
+        match self.shards.chunk_shown(&self.backing, array, coords)? {
+            Shown::Absent => Err(FsError::NotFound),
+            Shown::Stored { size, mtime } => Ok(Attr::virtual_file(ino, owner, size, mtime)),
+            Shown::Pending(file) => self.held_attr(ino, &file, &array.rel),
             // Its size is unknown: shown empty; opening it fails with EIO.
-            ChunkData::Damaged { mtime, .. } => Ok(Attr::virtual_file(
-                ino,
-                &self.owner_of(&array.rel)?,
-                0,
-                mtime,
-            )),
+            Shown::Damaged { mtime } => Ok(Attr::virtual_file(ino, owner, 0, mtime)),
         }
     }
 
@@ -398,182 +405,6 @@ impl ShardFs {
             NodeKind::Symlink => Ok(self.backing.read_link(&info.rel)?),
             _ => Err(FsError::Invalid("not a symbolic link".into())),
         }
-    }
-
-    /// Opens a directory: its listing is taken now and served from this snapshot.
-    pub fn opendir(&self, ino: Ino) -> Result<u64, FsError> {
-        let info = self.node(ino)?;
-        if !matches!(
-            info.kind,
-            NodeKind::Dir | NodeKind::ArrayDir(_) | NodeKind::ChunkDir { .. }
-        ) {
-            return Err(FsError::NotDir);
-        }
-        Ok(self.handles.insert(Handle::Dir(DirHandle {
-            ino,
-            listing: std::sync::OnceLock::new(),
-        })))
-    }
-
-    /// The listing of directory `ino` as it is now.
-    fn listing(&self, ino: Ino) -> Result<Vec<ListEntry>, FsError> {
-        let info = self.node(ino)?;
-        let mut entries = vec![
-            ListEntry::new(".", FileType::Dir),
-            ListEntry::new("..", FileType::Dir),
-        ];
-        let hide_control = |name: &str| {
-            !(ino == ROOT && (name == CONTROL_FILE || name == crate::core::PRIVATE_DIR))
-        };
-        match &info.kind {
-            NodeKind::Dir => {
-                entries.extend(self.backing_listing(&info.rel, |n| hide_control(n))?);
-            }
-            NodeKind::ArrayDir(array) => {
-                entries.extend(self.key_listing(array, &KeyNode::Root, &info.rel)?);
-                entries.extend(self.backing_listing(&info.rel, |name| {
-                    hide_control(name)
-                        && array.classify_name(&KeyNode::Root, name) == ArrayName::Other
-                })?);
-                // Last: tools that remove a tree in listing order (shutil.rmtree) then take
-                // the chunks out while the directory is still an array.
-                entries.push(ListEntry::new(METADATA_FILE, FileType::File));
-            }
-            NodeKind::ChunkDir { array, node } => {
-                entries.extend(self.key_listing(array, node, &info.rel)?);
-                entries.extend(self.backing_listing(&info.rel, |name| {
-                    array.classify_name(node, name) == ArrayName::Other
-                })?);
-            }
-            _ => return Err(FsError::NotDir),
-        }
-        // Files held in memory, not shadowing anything already listed.
-        for (name, _) in self.temps.files_in(&info.rel) {
-            if !entries.iter().any(|e| e.name == name.as_str()) {
-                entries.push(ListEntry::new(&name, FileType::File));
-            }
-        }
-        Ok(entries)
-    }
-
-    fn key_listing(
-        &self,
-        array: &Arc<ArrayState>,
-        node: &KeyNode,
-        rel: &Path,
-    ) -> Result<Vec<ListEntry>, FsError> {
-        let mut out: Vec<ListEntry> = self
-            .shards
-            .list(&self.backing, array, node)?
-            .into_iter()
-            .map(|e| {
-                let ft = match e.node {
-                    KeyNode::Chunk(_) => FileType::File,
-                    _ => FileType::Dir,
-                };
-                ListEntry::new(&e.name, ft)
-            })
-            .collect();
-        let mut shown: std::collections::HashSet<String> = out
-            .iter()
-            .filter_map(|e| e.name.to_str().map(str::to_string))
-            .collect();
-        for name in self.unstored_key_dirs(array, node, rel, &shown)? {
-            if matches!(
-                array.classify_name(node, &name),
-                ArrayName::Key(KeyNode::Dir(_))
-            ) && !shown.contains(&name)
-            {
-                out.push(ListEntry::new(&name, FileType::Dir));
-                shown.insert(name);
-            }
-        }
-        Ok(out)
-    }
-
-    /// Names below key directory `rel` that may be key directories no shard shows (not in
-    /// `shown`): made with mkdir, holding only files in memory, or holding files of
-    /// BACKING that are not part of the key tree. Checked by the caller.
-    fn unstored_key_dirs(
-        &self,
-        array: &Arc<ArrayState>,
-        node: &KeyNode,
-        rel: &Path,
-        shown: &std::collections::HashSet<String>,
-    ) -> Result<Vec<String>, FsError> {
-        let with_extras: Vec<String> = self
-            .backing
-            .list(rel)?
-            .into_iter()
-            .filter(|e| e.kind.is_dir())
-            .filter_map(|e| e.name.into_string().ok())
-            // Entries already shown need no look inside (that look walks their subtree).
-            .filter(|name| !shown.contains(name.as_str()))
-            .filter(|name| {
-                let child = rel.join(name);
-                match array.classify_name(node, name) {
-                    ArrayName::Key(child_node @ KeyNode::Dir(_)) => {
-                        self.has_extras(array, &child_node, &child).unwrap_or(false)
-                    }
-                    _ => false,
-                }
-            })
-            .collect();
-        let held = self.temps.all_files().into_iter().filter_map(|(p, _)| {
-            let sub = p.strip_prefix(rel).ok()?;
-            let mut parts = sub.components();
-            let first = parts.next()?;
-            parts.next()?;
-            first.as_os_str().to_str().map(str::to_string)
-        });
-        Ok(self
-            .temps
-            .dirs_in(rel)
-            .into_iter()
-            .chain(with_extras)
-            .chain(held)
-            .collect())
-    }
-
-    fn backing_listing(
-        &self,
-        rel: &Path,
-        keep: impl Fn(&str) -> bool,
-    ) -> Result<Vec<ListEntry>, FsError> {
-        let mut out: Vec<ListEntry> = self
-            .backing
-            .list(rel)?
-            .into_iter()
-            .filter(|e| e.name.to_str().is_none_or(&keep))
-            .map(|e| ListEntry {
-                name: e.name,
-                kind: e.kind,
-            })
-            .collect();
-        out.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(out)
-    }
-
-    /// The snapshot entries of an open directory.
-    pub fn readdir(&self, fh: u64) -> Result<Arc<Vec<ListEntry>>, FsError> {
-        let handle = self.handles.get(fh)?;
-        let Handle::Dir(dir) = handle.as_ref() else {
-            return Err(FsError::NotDir);
-        };
-        if let Some(listing) = dir.listing.get() {
-            return Ok(listing.clone());
-        }
-        let listing = Arc::new(self.listing(dir.ino)?);
-        Ok(dir.listing.get_or_init(|| listing).clone())
-    }
-
-    pub fn releasedir(&self, fh: u64) {
-        self.handles.remove(fh);
-    }
-
-    /// The inode number a name currently has, if the kernel holds it (for `readdir`).
-    pub fn known_ino(&self, parent: Ino, name: &OsStr) -> Option<Ino> {
-        self.inodes.peek(parent, name)
     }
 
     /// Opens a file for `by`. `flags` are the open(2) flags (O_TRUNC included).

@@ -1,15 +1,17 @@
 //! The orchestrator: [`ShardFs`] holds the core's parts and answers the adapter's requests
 //! by calling them, in the order each request needs. Its `impl` is split by concern, one
 //! file each, and each file says its concern first: `lookup.rs` (names, attributes,
-//! listings, reads), `write.rs` (writing, FLUSH, fsync, truncation), `namespace.rs`
-//! (create, mkdir, unlink, rmdir, rename, link), `commit.rs` (a `zarr.json` written through
-//! the mount), `flush.rs` (idle, memory-pressure and unmount flushing, stats), `durable.rs`
-//! (fsync through the journal, replay at start). This file: the state and how it is made.
+//! reads), `listing.rs` (directories, their listings, READDIRPLUS), `write.rs` (writing,
+//! FLUSH, fsync, truncation), `namespace.rs` (create, mkdir, unlink, rmdir, rename, link),
+//! `commit.rs` (a `zarr.json` written through the mount), `flush.rs` (idle, memory-pressure
+//! and unmount flushing, stats), `durable.rs` (fsync through the journal, replay at
+//! start). This file: the state and how it is made.
 
 pub mod commit;
 pub mod durable;
 pub mod flush;
 mod left;
+pub mod listing;
 pub mod lookup;
 pub mod namespace;
 pub mod write;

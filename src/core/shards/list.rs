@@ -5,7 +5,6 @@
 use std::collections::BTreeSet;
 use std::ops::ControlFlow;
 
-use super::stored::OpenShard;
 use super::{ShardRegistry, lock};
 use crate::backing::Backing;
 use crate::core::array::{ArrayState, KeyEntry};
@@ -83,9 +82,12 @@ impl ShardRegistry {
         }
         let stored: BTreeSet<usize> = {
             let mut st = lock(&slot.state);
-            let mut positions: BTreeSet<usize> = match self.open_stored(&slot, shard, &mut st)? {
+            // A listing is what attributes are: a shard confirmed a moment ago (by the
+            // listing of the directory next to this one) is not looked at again.
+            self.look_unless_shown(&slot, shard, &mut st)?;
+            let mut positions: BTreeSet<usize> = match &st.stored {
                 None => BTreeSet::new(),
-                Some(OpenShard { stored, .. }) => match stored.index {
+                Some(stored) => match &stored.index {
                     Ok(index) => index.present().map(|(p, _)| p).collect(),
                     Err(_) => (0..grid::count(array.layout.chunks_per_shard())).collect(),
                 },
