@@ -285,7 +285,7 @@ def main():
                    help="all: a small version, to check the driver rather than the speed")
     p.add_argument("--markdown", default=None, help="all: also write a markdown table here")
     p.add_argument("--parts", default=None,
-                   help="all: only these parts, comma-separated (scenarios, read_s1, "
+                   help="all: only these parts, comma-separated (scenarios, read_s1, plain_files, "
                         "per_shard, per_array)")
     p.add_argument("--mount-args", default="",
                    help="all: more arguments for every mount of the scenarios (one string)")

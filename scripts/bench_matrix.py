@@ -432,14 +432,75 @@ def per_array(args):
     return out
 
 
+def plain_io(path, size, write):
+    """Writes (1 MiB writes, then fsync) or reads `size` bytes of the file at `path`."""
+    block = bytes(range(256)) * 4096
+    t = time.perf_counter()
+    if write:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        for _ in range(size // len(block)):
+            os.write(fd, block)
+        os.fsync(fd)
+    else:
+        fd = os.open(path, os.O_RDONLY)
+        while os.read(fd, 1 << 20):
+            pass
+    os.close(fd)
+    return time.perf_counter() - t
+
+
+def drop_caches():
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3")
+
+
+def plain_files(args):
+    """A file outside every array (1 GiB; 128 MiB quick): written with fsync, read cold
+    (caches dropped) and warm, natively and through a mount with and without FUSE
+    passthrough, interleaved round by round."""
+    size = (128 if args.quick else 1024) << 20
+    mnt = os.path.join(args.dir, "mnt")
+    backing = os.path.join(args.dir, "plain")
+    how = {"native": None, "mount": [], "mount --no-passthrough": ["--no-passthrough"]}
+    times = {(w, op): [] for w in how for op in ("write", "read cold", "read warm")}
+    requests = {}
+    for _ in range(args.runs):
+        for where, extra in how.items():
+            fresh(backing)
+            m = Mounted(args.shardfs, backing, mnt, extra) if extra is not None else None
+            try:
+                path = os.path.join(mnt if m else backing, "f")
+                times[(where, "write")].append(plain_io(path, size, True))
+                drop_caches()
+                times[(where, "read cold")].append(plain_io(path, size, False))
+                times[(where, "read warm")].append(plain_io(path, size, False))
+            finally:
+                if m:
+                    stats, _ = m.finish()
+                    requests[where] = {k: v for k, v in stats["requests_sent"].items()
+                                       if k in ("read", "write")}
+                    requests[where]["passthrough"] = stats.get("passthrough")
+    out = {}
+    for (where, op), ts in times.items():
+        row = {"s": statistics.median(ts), "spread": spread(ts),
+               "gib_per_s": size / statistics.median(ts) / (1 << 30)}
+        if where != "native":
+            native = times[("native", op)]
+            row["ratio"] = statistics.median([t / n for t, n in zip(ts, native)])
+            row["requests"] = requests.get(where)
+        out[f"{op}, {where}"] = row
+        log(f"{op}, {where}", row)
+    return out
+
+
 def log(name, row):
     print(json.dumps({name: row}), file=__import__("sys").stderr, flush=True)
 
 
 def run_all(args):
     results = {}
-    wanted = (args.parts or "scenarios,read_s1,per_shard,per_array").split(",")
-    for part in (scenarios, read_s1, per_shard, per_array):
+    wanted = (args.parts or "scenarios,read_s1,per_shard,per_array,plain_files").split(",")
+    for part in (scenarios, read_s1, per_shard, per_array, plain_files):
         if part.__name__ in wanted:
             results[part.__name__] = part(args)
     if args.markdown:
@@ -467,23 +528,32 @@ def markdown(results):
                      f"{r['native_cpu_s']:.2f} / {r['writer_cpu_s']:.2f} + "
                      f"{r['daemon_cpu_s']:.2f} s | {r['requests_per_chunk']:.1f} | "
                      f"{r['daemon_peak_rss_mib']:.0f} MiB |")
-    if not results.get("read_s1"):
-        return "\n".join(lines) + "\n"
-    lines += ["", "| read | native sharded | mount | ratio | peak RSS |", "|---|---|---|---|---|"]
+    if results.get("read_s1"):
+        lines += ["", "| read | native sharded | mount | ratio | peak RSS |",
+                  "|---|---|---|---|---|"]
     for name, r in results.get("read_s1", {}).items():
         lines.append(f"| {name} | {r['native_sharded_s']:.2f} s | {r['mount_s']:.2f} s | "
                      f"{r['ratio']:.2f} | {r['daemon_peak_rss_mib']:.0f} MiB |")
-    lines += ["", "| chunks per shard | client | mount ms/chunk | native unsharded ms/chunk |"
-              " peak RSS |", "|---|---|---|---|---|"]
+    if results.get("per_shard"):
+        lines += ["", "| chunks per shard | client | mount ms/chunk | native unsharded ms/chunk |"
+                  " peak RSS |", "|---|---|---|---|---|"]
     for name, r in results.get("per_shard", {}).items():
         client = name.split(" ")[-1]
         lines.append(f"| {r['chunks_per_shard']} | {client} | {r['mount_ms_per_chunk']:.3f} | "
                      f"{r['native_unsharded_ms_per_chunk']:.3f} | "
                      f"{r['daemon_peak_rss_mib']:.0f} MiB |")
-    lines += ["", "| shards | chunks | stat | open+read | native sharded open+read |"
-              " zarr-python open array + read chunk (native sharded) | find |"
-              " find per chunk | native find (shard files) | ls c/ per entry | peak RSS |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    if results.get("plain_files"):
+        lines += ["", "| plain file, 1 GiB | time | GiB/s | mount / native |", "|---|---|---|---|"]
+        for name, r in results["plain_files"].items():
+            sp = r["spread"]
+            ratio = f"{r['ratio']:.2f}" if "ratio" in r else "-"
+            lines.append(f"| {name} | {r['s']:.2f} s ({sp['min']:.2f}–{sp['max']:.2f}) | "
+                         f"{r['gib_per_s']:.2f} | {ratio} |")
+    if results.get("per_array"):
+        lines += ["", "| shards | chunks | stat | open+read | native sharded open+read |"
+                  " zarr-python open array + read chunk (native sharded) | find |"
+                  " find per chunk | native find (shard files) | ls c/ per entry | peak RSS |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results.get("per_array", {}).values():
         lines.append(f"| {r['shards']} | {r['chunks']} | {r['stat_ms']:.3f} ms | "
                      f"{r['open_read_ms']:.3f} ms | {r['native_sharded_open_read_ms']:.3f} ms | "

@@ -41,6 +41,8 @@ pub struct MountConfig {
     pub read_ahead_kb: u32,
     /// The largest read or write request, in KiB.
     pub max_request_kb: u32,
+    /// Plain files pass through the kernel to BACKING where it can (`--no-passthrough`).
+    pub passthrough: bool,
     pub write: WriteConfig,
 }
 
@@ -337,7 +339,12 @@ pub fn run_foreground(config: &MountConfig, ready: Option<OwnedFd>) -> Result<()
     };
     let notifier = Arc::new(std::sync::OnceLock::new());
     let session = match Session::new(
-        FuseAdapter::new(core.clone(), notifier.clone(), config.max_request_kb * 1024),
+        FuseAdapter::new(
+            core.clone(),
+            notifier.clone(),
+            config.max_request_kb * 1024,
+            config.passthrough,
+        ),
         &config.mountpoint,
         &fuse_config(config, &backing),
     ) {

@@ -157,7 +157,15 @@ fn requests_of(report: &serde_json::Value, kind: &str) -> u64 {
 fn stats_counts_the_kernels_requests_by_kind() {
     use std::io::Write;
     let (_d, backing, _) = dirs();
-    let m = waiting_mount(&backing);
+    // Every request through the daemon: plain files would otherwise pass through.
+    let args = [
+        "--chunks-per-shard",
+        "2",
+        "--idle-flush",
+        "600",
+        "--no-passthrough",
+    ];
+    let m = Mounted::new(&backing, &args, LIMIT);
     std::fs::create_dir(m.path("plain")).unwrap();
     let before = stats(&m);
     // A known sequence: one create, three writes (no writeback cache: each write(2) is one
@@ -207,7 +215,13 @@ fn raise_max_pages_makes_a_large_write_one_request() {
     let (_d, backing, _) = dirs();
     let m = Mounted::new(
         &backing,
-        &["--max-request-kb", "2048", "--raise-max-pages"],
+        // Through the daemon: a plain file would otherwise pass through the kernel.
+        &[
+            "--max-request-kb",
+            "2048",
+            "--raise-max-pages",
+            "--no-passthrough",
+        ],
         LIMIT_TIME,
     );
     let pages: u64 = std::fs::read_to_string(LIMIT)

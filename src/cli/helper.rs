@@ -46,7 +46,7 @@ const GENERIC: &[&str] = &[
 ];
 
 /// shardfs options that take no value.
-const FLAGS: &[&str] = &["allow_other", "no_journal"];
+const FLAGS: &[&str] = &["allow_other", "no_journal", "no_passthrough"];
 
 /// Whether this process was started as the mount helper.
 pub fn started_as_helper(argv0: &str) -> bool {

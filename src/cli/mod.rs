@@ -176,6 +176,12 @@ struct MountArgs {
     /// machine from now on; never lowered) so that --max-request-kb is not capped.
     #[arg(long)]
     raise_max_pages: bool,
+    /// Serve every read and write of plain files (outside arrays) through the daemon. By
+    /// default, where the kernel offers FUSE passthrough (Linux 6.9+, the daemon as root),
+    /// files opened in plain directories are read and written by the kernel in BACKING
+    /// directly, at native speed.
+    #[arg(long)]
+    no_passthrough: bool,
     /// Chunks per shard for arrays created through the mount: one number for every axis,
     /// or one per axis (`4,4,2`). Default: the auto policy.
     #[arg(long)]
@@ -349,6 +355,7 @@ fn allowed_mount(args: &MountArgs) -> Result<crate::daemon::MountConfig, String>
         allow_other: args.allow_other,
         read_ahead_kb: args.read_ahead_kb,
         max_request_kb: args.max_request_kb,
+        passthrough: !args.no_passthrough,
         write: write_config(args),
     };
     may_mount(&config)?;

@@ -79,6 +79,9 @@ pub fn human_view(
     if !r.fuse_requests.is_empty() {
         lines.push(requests_line(&r.fuse_requests));
     }
+    if !r.passthrough.is_empty() {
+        lines.push(format!("plain     files passthrough {}", r.passthrough));
+    }
     if r.refusals > 0 {
         lines.push(format!(
             "refused   {} requests (each logged with its rule and fix)",

@@ -230,6 +230,9 @@ pub struct StatsReport {
     /// daemon spent answering them. Reading the stats adds a few (lookup, open, read).
     #[serde(default)]
     pub fuse_requests: std::collections::BTreeMap<String, RequestCount>,
+    /// Whether plain files pass through the kernel to BACKING: "on", or "off: why".
+    #[serde(default)]
+    pub passthrough: String,
 }
 
 impl Stats {

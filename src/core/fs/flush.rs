@@ -370,6 +370,7 @@ impl ShardFs {
         report.failed.truncate(100);
         report.store_requests = self.shards.store_requests();
         report.refusals = self.refusals.count();
+        report.passthrough = self.passthrough.describe();
         report
     }
 }

@@ -39,6 +39,23 @@ pub struct Opened {
     /// held in memory, a lock file, a file in BACKING), and each costs a round trip:
     /// its RELEASE does what is left, as it does for every handle.
     pub flush_at_close: bool,
+    /// Reads and writes pass through the kernel to this BACKING file (its device and
+    /// inode, the same for every open of the inode meanwhile): `view/passthrough.rs`.
+    pub passthrough: Option<(u64, u64)>,
+}
+
+/// Marks `handle` as passing through when `passes` (and it has a BACKING file); returns
+/// that file's device and inode.
+pub(super) fn passing_through(
+    handle: &FileHandle,
+    passes: bool,
+) -> Result<Option<(u64, u64)>, FsError> {
+    let Some(file) = handle.backing.as_ref().filter(|_| passes) else {
+        return Ok(None);
+    };
+    let m = file.metadata()?;
+    handle.passthrough.store(true, Relaxed);
+    Ok(Some((m.dev(), m.ino())))
 }
 
 /// Whether writes to a file of `kind` bypass the kernel's page cache (FOPEN_DIRECT_IO):
@@ -425,6 +442,8 @@ impl ShardFs {
         {
             return Err(FsError::Stale);
         }
+        let _deciding = self.passthrough.deciding();
+        let passes = self.passes_through(&info, writable)?;
         let mut handle = FileHandle::new(ino, writable);
         let (keep_cache, direct_io) = self.open_node(&info, flags, &mut handle, by)?;
         // A document of an object store may be another node's new one at the next open:
@@ -432,12 +451,66 @@ impl ShardFs {
         let document =
             self.tree.shared_by_nodes() && info.rel.file_name() == Some(OsStr::new(METADATA_FILE));
         let direct_write = writable && direct_writes(&info.kind);
+        let passthrough = passing_through(&handle, passes)?;
         Ok(Opened {
             fh: self.handles.insert(Handle::File(handle)),
             keep_cache: keep_cache && !document,
             direct_io: direct_io || document || direct_write,
             flush_at_close: flush_at_close(&info.kind, &info.rel, writable),
+            passthrough,
         })
+    }
+
+    /// Whether this open of `info` passes through the kernel to its BACKING file
+    /// (`view/passthrough.rs`): EBUSY when it cannot while the inode is open through it.
+    fn passes_through(&self, info: &NodeInfo, writable: bool) -> Result<bool, FsError> {
+        let through_now = self.handles.passthrough_open(info.ino);
+        let plain = matches!(info.kind, NodeKind::File)
+            && !info.detached
+            && !(writable && info.rel.file_name() == Some(OsStr::new(METADATA_FILE)));
+        if through_now {
+            return if plain && self.passthrough.on() {
+                Ok(true)
+            } else {
+                Err(FsError::Conflict(format!(
+                    "{} is open through FUSE passthrough as a plain file; it cannot be opened \
+                     as what it is now until those opens close",
+                    info.rel.display()
+                )))
+            };
+        }
+        Ok(plain
+            && self.passthrough.on()
+            && self.tree.changes_in_place()
+            && crate::core::view::passthrough::name_fits(&info.name)
+            && !self.handles.is_open(info.ino)
+            && matches!(self.node(info.parent)?.kind, NodeKind::Dir))
+    }
+
+    /// The mount's passthrough state, told by the adapter.
+    pub fn passthrough(&self) -> &crate::core::view::passthrough::Passthrough {
+        &self.passthrough
+    }
+
+    /// A descriptor of the BACKING file handle `fh` passes through to.
+    pub fn passthrough_file(&self, fh: u64) -> Result<std::fs::File, FsError> {
+        let handle = self.handles.get(fh)?;
+        match handle.as_ref() {
+            Handle::File(f) => match &f.backing {
+                Some(file) => Ok(file.try_clone()?),
+                None => Err(FsError::BadHandle),
+            },
+            _ => Err(FsError::BadHandle),
+        }
+    }
+
+    /// The kernel did not take handle `fh` for passthrough: the daemon serves it.
+    pub fn passthrough_declined(&self, fh: u64) {
+        if let Ok(handle) = self.handles.get(fh)
+            && let Handle::File(f) = handle.as_ref()
+        {
+            f.passthrough.store(false, Relaxed);
+        }
     }
 
     /// Opens the node `info` into `handle`, by its kind. Returns whether the kernel may

@@ -110,6 +110,8 @@ pub struct ShardFs {
     giving_up: std::sync::atomic::AtomicBool,
     /// Layouts of arrays whose document went while their shards stayed (`left.rs`).
     left: left::LeftLayouts,
+    /// Whether plain files pass through the kernel to BACKING (`view/passthrough.rs`).
+    passthrough: crate::core::view::passthrough::Passthrough,
 }
 
 /// Orders the changes of pending chunks against the few operations during which none may
@@ -183,6 +185,7 @@ impl ShardFs {
             unreplayed: std::sync::Mutex::default(),
             giving_up: Default::default(),
             left: Default::default(),
+            passthrough: Default::default(),
             tree: Box::new(crate::store::tree::Local(tree_backing)),
         }
     }

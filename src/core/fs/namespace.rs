@@ -237,6 +237,7 @@ impl ShardFs {
         };
         let flush = super::lookup::flush_at_close(&kind, Path::new(name), writable);
         let direct = super::lookup::direct_writes(&kind);
+        let through = self.creates_through(&p, name, &kind);
         let attr = self.enter(parent, name, kind)?;
         let mut handle = FileHandle::new(attr.ino, writable);
         handle.backing = backing_file;
@@ -252,6 +253,7 @@ impl ShardFs {
         {
             handle.mark_dirty(&f);
         }
+        let passthrough = super::lookup::passing_through(&handle, through)?;
         let fh = self.handles.insert(Handle::File(handle));
         Ok((
             attr,
@@ -260,8 +262,19 @@ impl ShardFs {
                 keep_cache: true,
                 direct_io: writable && direct,
                 flush_at_close: flush,
+                passthrough,
             },
         ))
+    }
+
+    /// Whether a new file `name` of `kind` in `parent` passes through the kernel to its
+    /// BACKING file (`view/passthrough.rs`).
+    fn creates_through(&self, parent: &NodeInfo, name: &OsStr, kind: &NodeKind) -> bool {
+        self.passthrough.on()
+            && self.tree.changes_in_place()
+            && matches!(kind, NodeKind::File)
+            && matches!(parent.kind, NodeKind::Dir)
+            && crate::core::view::passthrough::name_fits(name)
     }
 
     /// Makes the new file `place` names: a BACKING file (returned open), a file held in
@@ -913,6 +926,9 @@ impl ShardFs {
     /// full disk), the source is untouched.
     fn move_content(&self, mv: &Move, src_ino: Option<Ino>) -> Result<NodeKind, FsError> {
         self.may_move_content(Some((&mv.src, &mv.src_rel)), &mv.place, mv.by)?;
+        if let Some(ino) = src_ino {
+            self.not_passing_through(ino, &mv.src_rel)?;
+        }
         let content = self.content_of(&mv.src, &mv.src_rel, mv.by)?;
         let orphan = mv
             .dst
@@ -949,6 +965,23 @@ impl ShardFs {
             self.handles.went_to(ino, written);
         }
         Ok(kind)
+    }
+
+    /// EBUSY while `ino` is open through passthrough (its writes would not follow its data
+    /// out of the file), after a short wait for closes already on their way: a RELEASE
+    /// comes after close(2) returns, and a rename may overtake it.
+    fn not_passing_through(&self, ino: Ino, rel: &Path) -> Result<(), FsError> {
+        for _ in 0..20 {
+            if !self.handles.passthrough_open(ino) {
+                return Ok(());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        Err(FsError::Conflict(format!(
+            "{} is open through FUSE passthrough: close it before moving it into an array or \
+             onto a zarr.json (or mount with --no-passthrough)",
+            rel.display()
+        )))
     }
 
     /// Before a rename takes content away from its old name: makes it durable at the new

@@ -65,6 +65,8 @@ pub struct FileHandle {
     /// The array a chunk was opened to be written in (its writer's permission checked on
     /// that directory): writes through the handle go to no other.
     pub array: std::sync::OnceLock<Arc<crate::core::array::ArrayState>>,
+    /// Its reads and writes go from the kernel to `backing` directly (`passthrough.rs`).
+    pub passthrough: std::sync::atomic::AtomicBool,
 }
 
 impl FileHandle {
@@ -79,6 +81,7 @@ impl FileHandle {
             pinned_at: AtomicU64::new(0),
             went_to: std::sync::OnceLock::new(),
             array: std::sync::OnceLock::new(),
+            passthrough: std::sync::atomic::AtomicBool::new(false),
             bytes: None,
             dirty: Mutex::new(None),
         }
@@ -222,6 +225,14 @@ impl HandleTable {
                 f.backing_stale.store(true, Ordering::Relaxed);
             }
         }
+    }
+
+    /// Whether a handle of `ino` is open through passthrough.
+    pub fn passthrough_open(&self, ino: Ino) -> bool {
+        lock(&self.handles).values().any(|h| {
+            matches!(h.as_ref(), Handle::File(f)
+                if f.ino == ino && f.passthrough.load(Ordering::Relaxed))
+        })
     }
 
     /// Whether any file handle is open on `ino`.

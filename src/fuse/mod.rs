@@ -1,5 +1,8 @@
 //! The FUSE adapter: each callback is one call into the core and one reply. Nothing here
-//! knows about Zarr or shards.
+//! knows about Zarr or shards. `backing_ids.rs`: the kernel's names of the BACKING files
+//! that plain files pass through to.
+
+mod backing_ids;
 
 use std::ffi::OsStr;
 use std::io;
@@ -35,6 +38,9 @@ pub struct FuseAdapter {
     notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
     /// The largest read or write request asked of the kernel, in bytes.
     max_request: u32,
+    /// Whether to ask the kernel for passthrough of plain files (`--no-passthrough`).
+    passthrough: bool,
+    backing_ids: backing_ids::BackingIds,
 }
 
 impl FuseAdapter {
@@ -42,12 +48,86 @@ impl FuseAdapter {
         core: Arc<ShardFs>,
         notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
         max_request: u32,
+        passthrough: bool,
     ) -> Self {
         FuseAdapter {
             core,
             notifier,
             max_request,
+            passthrough,
+            backing_ids: Default::default(),
         }
+    }
+
+    /// Answers an open: through the kernel to the BACKING file when the core offers it and
+    /// the kernel takes it, else through the daemon.
+    fn opened(&self, reply: ReplyOpen, ino: u64, o: Opened) {
+        let register = |f: &std::fs::File| reply.open_backing(f);
+        match self.backing_id(register, ino, &o) {
+            Ok(Some(id)) => reply.opened_passthrough(FileHandle(o.fh), passing(&o), &id),
+            Ok(None) => reply.opened(FileHandle(o.fh), opened_flags(&o)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    /// `opened` for a file just made.
+    fn created(&self, reply: ReplyCreate, attr: &Attr, o: Opened) {
+        let register = |f: &std::fs::File| reply.open_backing(f);
+        let (fh, g) = (FileHandle(o.fh), Generation(0));
+        match self.backing_id(register, attr.ino, &o) {
+            Ok(Some(id)) => {
+                let (ttl, attr) = (ttl(attr), file_attr(attr));
+                reply.created_passthrough(&ttl, &attr, g, fh, passing(&o), &id)
+            }
+            Ok(None) => reply.created(&ttl(attr), &file_attr(attr), g, fh, opened_flags(&o)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    /// The backing id an open the core offers for passthrough goes to (`None`: served by
+    /// the daemon, the kernel having refused passthrough).
+    fn backing_id(
+        &self,
+        register: impl FnOnce(&std::fs::File) -> io::Result<fuser::BackingId>,
+        ino: u64,
+        o: &Opened,
+    ) -> Result<Option<Arc<fuser::BackingId>>, Errno> {
+        let Some(source) = o.passthrough else {
+            return Ok(None);
+        };
+        let file = || self.core.passthrough_file(o.fh).map_err(io::Error::other);
+        match self
+            .backing_ids
+            .for_open(register, (ino, o.fh), source, file)
+        {
+            Ok(id) => Ok(Some(id)),
+            Err(backing_ids::Declined::Refused(e)) => {
+                self.core.passthrough().refused(&e.to_string());
+                self.core.passthrough_declined(o.fh);
+                Ok(None)
+            }
+            // Replaced outside the mount while open through the mount: the kernel takes
+            // no other file for the inode meanwhile; a fresh lookup will do.
+            Err(backing_ids::Declined::OtherFile) => {
+                let _ = self.core.release(o.fh);
+                Err(Errno::ESTALE)
+            }
+        }
+    }
+
+    /// Asks the kernel to pass plain files through (FUSE_PASSTHROUGH), unless told not to.
+    fn ask_passthrough(&self, config: &mut KernelConfig) {
+        if !self.passthrough {
+            return self.core.passthrough().start(false, "--no-passthrough");
+        }
+        // Depth 1: BACKING on a plain file system (not overlayfs), and the mount itself
+        // may still be a lower layer of an overlay.
+        let agreed = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+            && config.set_max_stack_depth(1).is_ok();
+        let why = "the kernel does not offer it (Linux 6.9 or later)";
+        self.core
+            .passthrough()
+            .start(agreed, if agreed { "" } else { why });
     }
 
     /// Runs a core call, turning a panic into EIO (logged and counted): a panicking request
@@ -167,6 +247,12 @@ fn opened_flags(o: &Opened) -> FopenFlags {
     flags
 }
 
+/// The flags of an open passing through: the kernel takes no page-cache flag with it (the
+/// pages are the BACKING file's; FOPEN_KEEP_CACHE made the open fail with EIO).
+fn passing(o: &Opened) -> FopenFlags {
+    opened_flags(o) & FopenFlags::FOPEN_NOFLUSH
+}
+
 fn ttl(a: &Attr) -> Duration {
     if a.volatile { Duration::ZERO } else { TTL }
 }
@@ -211,6 +297,7 @@ impl Filesystem for FuseAdapter {
         ] {
             let _ = config.add_capabilities(flag);
         }
+        self.ask_passthrough(config);
         let _ = config.set_max_write(self.max_request);
         let _ = config.set_max_readahead(self.max_request);
         warn_if_capped(self.max_request);
@@ -353,11 +440,7 @@ impl Filesystem for FuseAdapter {
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let _answering = self.core.requests().answering(Kind::Open);
         match self.run(|| self.core.open(ino.0, flags.0, asker(req))) {
-            Ok(o) => {
-                // Closing a handle that needs no FLUSH (one that cannot write, among
-                // others) costs no round trip, which would cost as much as a chunk read.
-                reply.opened(FileHandle(o.fh), opened_flags(&o))
-            }
+            Ok(o) => self.opened(reply, ino.0, o),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -377,13 +460,7 @@ impl Filesystem for FuseAdapter {
             self.core
                 .create(parent.0, name, mode & !umask, flags, caller(req))
         }) {
-            Ok((attr, o)) => reply.created(
-                &ttl(&attr),
-                &file_attr(&attr),
-                Generation(0),
-                FileHandle(o.fh),
-                opened_flags(&o),
-            ),
+            Ok((attr, o)) => self.created(reply, &attr, o),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -650,6 +727,7 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEmpty,
     ) {
         let _answering = self.core.requests().answering(Kind::Release);
+        self.backing_ids.released(fh.0);
         empty(reply, self.run(|| self.core.release(fh.0)));
     }
 

@@ -1,0 +1,153 @@
+//! FUSE passthrough of plain files: files outside arrays are read and written by the
+//! kernel in BACKING, never through the daemon; the mount keeps the kernel's rule (every
+//! open of an inode passing through, or none) and keeps data from being left behind in a
+//! file that a rename took away.
+
+mod common;
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::time::Duration;
+
+use common::mount::{Mounted, dirs, stats};
+
+const LIMIT: Duration = Duration::from_secs(240);
+const MIB: usize = 1 << 20;
+
+const ONE_D: &str = r#"{"zarr_format":3,"node_type":"array","shape":[64],"data_type":"uint8",
+"chunk_grid":{"name":"regular","configuration":{"chunk_shape":[16]}},
+"chunk_key_encoding":{"name":"default"},"fill_value":0,"codecs":[{"name":"bytes"}]}"#;
+
+fn requests_of(report: &serde_json::Value, kind: &str) -> u64 {
+    report["fuse_requests"][kind]["count"].as_u64().unwrap_or(0)
+}
+
+/// Writes 8 MiB into a new plain file in 1 MiB writes, appends, truncates, reads it back
+/// whole; returns the daemon's READ and WRITE requests meanwhile and the stats after.
+fn plain_file_round(m: &Mounted) -> (u64, u64, serde_json::Value) {
+    fs::create_dir_all(m.path("notes")).unwrap();
+    let before = stats(m);
+    let data: Vec<u8> = (0..8 * MIB).map(|i| (i * 7 % 251) as u8).collect();
+    let mut f = File::create(m.path("notes/image.raw")).unwrap();
+    for block in data.chunks(MIB) {
+        f.write_all(block).unwrap();
+    }
+    f.sync_all().unwrap();
+    drop(f);
+    // An open of the existing file, appending.
+    let mut f = OpenOptions::new()
+        .append(true)
+        .open(m.path("notes/image.raw"))
+        .unwrap();
+    f.write_all(b"tail").unwrap();
+    drop(f);
+    let mut f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(m.path("notes/image.raw"))
+        .unwrap();
+    f.set_len(4 * MIB as u64 + 4).unwrap();
+    f.seek(SeekFrom::Start(4 * MIB as u64)).unwrap();
+    f.write_all(b"TAIL").unwrap();
+    let mut back = Vec::new();
+    f.seek(SeekFrom::Start(0)).unwrap();
+    f.read_to_end(&mut back).unwrap();
+    drop(f);
+    let mut want = data[..4 * MIB].to_vec();
+    want.extend_from_slice(b"TAIL");
+    assert!(back == want, "what was read back differs");
+    let stored = fs::read(m.backing.join("notes/image.raw")).unwrap();
+    assert!(stored == want, "what BACKING holds differs");
+    let after = stats(m);
+    let sent = |kind: &str| requests_of(&after, kind) - requests_of(&before, kind);
+    (sent("read"), sent("write"), after)
+}
+
+/// Reads and writes of a plain file reach the daemon not once (the kernel does them in
+/// BACKING); with --no-passthrough they all do. `stats` says which.
+#[test]
+fn plain_files_pass_through_the_kernel() {
+    let (_d, backing, _) = dirs();
+    let m = Mounted::new(&backing, &[], LIMIT);
+    let (reads, writes, after) = plain_file_round(&m);
+    assert_eq!(after["passthrough"], "on", "{after}");
+    assert_eq!(writes, 0, "{after}");
+    // (Reading the stats is itself a read or two of the control file.)
+    assert!(reads <= 2, "{after}");
+    drop(m);
+
+    let (_d, backing, _) = dirs();
+    let m = Mounted::new(&backing, &["--no-passthrough"], LIMIT);
+    let (reads, writes, after) = plain_file_round(&m);
+    assert_eq!(after["passthrough"], "off: --no-passthrough", "{after}");
+    assert!(writes >= 8, "{after}");
+    assert!(reads >= 4, "{after}");
+}
+
+/// A plain file open through passthrough is not renamed into an array (its later writes
+/// would land in the file the rename emptied): EBUSY while open, moved once closed. A lock
+/// file, tensorstore's way to write a key, does not pass through and is renamed while
+/// open, as tensorstore does.
+#[test]
+fn a_file_open_through_passthrough_stays_out_of_arrays_until_closed() {
+    let (_d, backing, _) = dirs();
+    let m = Mounted::new(&backing, &[], LIMIT);
+    fs::create_dir_all(m.path("a/c")).unwrap();
+    fs::write(m.path("a/zarr.json"), ONE_D).unwrap();
+    fs::create_dir(m.path("plain")).unwrap();
+
+    let mut f = File::create(m.path("plain/x")).unwrap();
+    f.write_all(&[5u8; 16]).unwrap();
+    let busy = fs::rename(m.path("plain/x"), m.path("a/c/0")).unwrap_err();
+    assert_eq!(busy.raw_os_error(), Some(libc::EBUSY), "{busy}");
+    // Onto a document, too.
+    let busy = fs::rename(m.path("plain/x"), m.path("plain/zarr.json")).unwrap_err();
+    assert_eq!(busy.raw_os_error(), Some(libc::EBUSY), "{busy}");
+    f.write_all(&[6u8; 0]).unwrap();
+    drop(f);
+    fs::rename(m.path("plain/x"), m.path("a/c/0")).unwrap();
+    assert_eq!(fs::read(m.path("a/c/0")).unwrap(), vec![5u8; 16]);
+
+    let mut lock = File::create(m.path("plain/k.__lock")).unwrap();
+    lock.write_all(&[9u8; 16]).unwrap();
+    lock.sync_all().unwrap();
+    fs::rename(m.path("plain/k.__lock"), m.path("a/c/1")).unwrap();
+    drop(lock);
+    assert_eq!(fs::read(m.path("a/c/1")).unwrap(), vec![9u8; 16]);
+}
+
+/// An inode open without passthrough (a chunk being read) and renamed out of its array
+/// into a plain directory opens again through the daemon: the kernel fails an open that
+/// passes through while another does not (EIO).
+#[test]
+fn an_inode_open_through_the_daemon_is_not_opened_through_the_kernel() {
+    let (_d, backing, _) = dirs();
+    let m = Mounted::new(&backing, &[], LIMIT);
+    fs::create_dir_all(m.path("a/c")).unwrap();
+    fs::write(m.path("a/zarr.json"), ONE_D).unwrap();
+    fs::write(m.path("a/c/2"), [4u8; 16]).unwrap();
+    fs::create_dir(m.path("plain")).unwrap();
+
+    let mut reader = File::open(m.path("a/c/2")).unwrap();
+    let mut first = [0u8; 4];
+    reader.read_exact(&mut first).unwrap();
+    fs::rename(m.path("a/c/2"), m.path("plain/was-a-chunk")).unwrap();
+    let again = fs::read(m.path("plain/was-a-chunk")).unwrap();
+    assert_eq!(again, vec![4u8; 16]);
+    let mut rest = Vec::new();
+    reader.read_to_end(&mut rest).unwrap();
+    assert_eq!(rest, vec![4u8; 12]);
+    drop(reader);
+    // Closed everywhere: from now on it passes through, and reads the same.
+    std::thread::sleep(Duration::from_millis(200));
+    let before = stats(&m);
+    assert_eq!(
+        fs::read(m.path("plain/was-a-chunk")).unwrap(),
+        vec![4u8; 16]
+    );
+    let after = stats(&m);
+    assert!(
+        requests_of(&after, "read") - requests_of(&before, "read") <= 2,
+        "{after}"
+    );
+}
