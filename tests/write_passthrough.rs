@@ -151,3 +151,62 @@ fn an_inode_open_through_the_daemon_is_not_opened_through_the_kernel() {
         "{after}"
     );
 }
+
+/// A chunk file written before its array's `zarr.json` and still open through passthrough
+/// is not taken into a shard under the writer (its later writes would be lost): the
+/// document meets EBUSY until the file is closed, then is taken, with every byte written.
+#[test]
+fn a_directory_does_not_become_an_array_under_an_open_chunk_file() {
+    let (_d, backing, _) = dirs();
+    let m = Mounted::new(&backing, &[], LIMIT);
+    fs::create_dir_all(m.path("d/c")).unwrap();
+    let mut f = File::create(m.path("d/c/0")).unwrap();
+    f.write_all(&[7u8; 16]).unwrap();
+    // The document is committed at its close, which says EBUSY (and keeps it for later).
+    let mut doc = File::create(m.path("d/zarr.json")).unwrap();
+    doc.write_all(ONE_D.as_bytes()).unwrap();
+    let fd = std::os::fd::IntoRawFd::into_raw_fd(doc);
+    let closed = unsafe { libc::close(fd) };
+    let busy = std::io::Error::last_os_error();
+    assert_eq!(
+        (closed, busy.raw_os_error()),
+        (-1, Some(libc::EBUSY)),
+        "{busy}"
+    );
+    assert!(!backing.join("d/zarr.json").exists());
+    use std::os::unix::fs::FileExt;
+    f.write_all_at(&[9u8; 16], 0).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    std::thread::sleep(Duration::from_millis(100));
+    fs::write(m.path("d/zarr.json"), ONE_D).unwrap();
+    assert_eq!(fs::read(m.path("d/c/0")).unwrap(), vec![9u8; 16]);
+    assert!(
+        fs::read_dir(backing.join("d/c")).unwrap().count() <= 1,
+        "the chunk went into a shard"
+    );
+}
+
+/// A plain file replaced in BACKING from outside while open through the mount: a new open
+/// by its name reads the new file (the name gets a new inode), the old open the old one.
+#[test]
+fn a_file_replaced_outside_while_open_opens_anew() {
+    let (_d, backing, _) = dirs();
+    let m = Mounted::new(&backing, &[], LIMIT);
+    fs::create_dir(m.path("p")).unwrap();
+    fs::write(m.path("p/log"), b"old").unwrap();
+    let mut held = File::open(m.path("p/log")).unwrap();
+    fs::write(backing.join("p/log.new"), b"new content").unwrap();
+    fs::rename(backing.join("p/log.new"), backing.join("p/log")).unwrap();
+    for wait in [0, 1100] {
+        std::thread::sleep(Duration::from_millis(wait));
+        assert_eq!(
+            fs::read(m.path("p/log")).unwrap(),
+            b"new content",
+            "{wait} ms"
+        );
+    }
+    let mut old = Vec::new();
+    held.read_to_end(&mut old).unwrap();
+    assert_eq!(old, b"old");
+}

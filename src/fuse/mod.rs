@@ -101,10 +101,17 @@ impl FuseAdapter {
             .for_open(register, (ino, o.fh), source, file)
         {
             Ok(id) => Ok(Some(id)),
-            Err(backing_ids::Declined::Refused(e)) => {
+            // Refused for what the mount is (not root, BACKING stacked too deep, no
+            // support): every open goes through the daemon from now on.
+            Err(backing_ids::Declined::Refused(e)) if refused_for_good(&e) => {
                 self.core.passthrough().refused(&e.to_string());
                 self.core.passthrough_declined(o.fh);
                 Ok(None)
+            }
+            // A moment's failure (out of descriptors): this open fails, the next tries again.
+            Err(backing_ids::Declined::Refused(e)) => {
+                let _ = self.core.release(o.fh);
+                Err(Errno::from_i32(e.raw_os_error().unwrap_or(libc::EIO)))
             }
             // Replaced outside the mount while open through the mount: the kernel takes
             // no other file for the inode meanwhile; a fresh lookup will do.
@@ -245,6 +252,14 @@ fn opened_flags(o: &Opened) -> FopenFlags {
         flags |= FopenFlags::FOPEN_NOFLUSH;
     }
     flags
+}
+
+/// Whether the kernel's refusal of a backing file holds for every file of the mount.
+fn refused_for_good(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EPERM | libc::ELOOP | libc::EINVAL | libc::EOPNOTSUPP | libc::ENOTTY)
+    )
 }
 
 /// The flags of an open passing through: the kernel takes no page-cache flag with it (the

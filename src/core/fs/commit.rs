@@ -437,6 +437,7 @@ impl ShardFs {
         let mut chunk_files = Vec::new();
         let mut key_dirs = Vec::new();
         self.collect_chunk_files(&array, dir, &KeyNode::Root, &mut chunk_files, &mut key_dirs)?;
+        self.none_passing_through(&chunk_files, true)?;
         for d in &key_dirs {
             self.temps.insert_dir(d);
         }
@@ -519,6 +520,9 @@ impl ShardFs {
             self.backing.rename(rel, &staged(rel))?;
             moved.push(rel.clone());
         }
+        // An open that started passing through since the first look: moved back (no
+        // later open finds them by their names now).
+        self.none_passing_through(chunk_files, false)?;
         for (shard, chunks) in &by_shard {
             for (coords, at) in chunks {
                 let data = self
@@ -532,6 +536,34 @@ impl ShardFs {
             self.shards
                 .write_shard(&self.backing, array, shard, WriteMode::Replace)?;
             written.push(array.shard_rel(shard));
+        }
+        Ok(())
+    }
+
+    /// EBUSY when one of the chunk files is open through passthrough (its later writes
+    /// would land in the file its data left), after a short wait for closes on their way
+    /// when `wait`.
+    fn none_passing_through(
+        &self,
+        chunk_files: &[(Vec<u64>, PathBuf)],
+        wait: bool,
+    ) -> Result<(), FsError> {
+        for tries in (0..if wait { 20 } else { 1 }).rev() {
+            let open: Vec<PathBuf> = (self.handles.passthrough_inos().into_iter())
+                .filter_map(|ino| self.inodes.get(ino).filter(|i| !i.detached))
+                .map(|i| i.rel)
+                .collect();
+            let Some((_, rel)) = chunk_files.iter().find(|(_, rel)| open.contains(rel)) else {
+                return Ok(());
+            };
+            if tries == 0 {
+                return Err(FsError::Conflict(format!(
+                    "{} is open through FUSE passthrough: close it before its directory \
+                     becomes an array (or mount with --no-passthrough)",
+                    rel.display()
+                )));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
         }
         Ok(())
     }

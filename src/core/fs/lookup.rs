@@ -54,6 +54,7 @@ pub(super) fn passing_through(
         return Ok(None);
     };
     let m = file.metadata()?;
+    let _ = handle.passthrough_source.set((m.dev(), m.ino()));
     handle.passthrough.store(true, Relaxed);
     Ok(Some((m.dev(), m.ino())))
 }
@@ -378,10 +379,23 @@ impl ShardFs {
         let kind = self.resolve(&parent, name)?;
         let rel = join_rel(&parent.rel, name);
         let attr = self.attr(0, &rel, &kind)?;
+        self.renamed_if_replaced(parent.ino, name, attr.source);
         let ino = self
             .inodes
             .lookup(parent.ino, name, kind, self.link_source(&attr));
         Ok(Attr { ino, ..attr })
+    }
+
+    /// A name whose inode passes through to a BACKING file that the name no longer leads
+    /// to (replaced outside the mount) gets a new inode: the kernel holds the old one to
+    /// that file while it is open, and takes no other file for it meanwhile.
+    fn renamed_if_replaced(&self, parent: Ino, name: &OsStr, now: Option<(u64, u64)>) {
+        if let Some(ino) = self.inodes.peek(parent, name)
+            && let Some(held) = self.handles.passthrough_source(ino)
+            && Some(held) != now
+        {
+            self.inodes.detach(parent, name, None);
+        }
     }
 
     /// The BACKING file behind `attr`, for sharing an inode between its hard links. A
@@ -442,7 +456,10 @@ impl ShardFs {
         {
             return Err(FsError::Stale);
         }
-        let _deciding = self.passthrough.deciding();
+        // Serialized with other opens of plain files and with moves of their data (a move
+        // checks for handles passing through, then takes the data: none may slip in).
+        let plain = matches!(info.kind, NodeKind::File);
+        let _deciding = (plain && self.passthrough.on()).then(|| self.passthrough.deciding());
         let passes = self.passes_through(&info, writable)?;
         let mut handle = FileHandle::new(ino, writable);
         let (keep_cache, direct_io) = self.open_node(&info, flags, &mut handle, by)?;
@@ -453,7 +470,7 @@ impl ShardFs {
         let direct_write = writable && direct_writes(&info.kind);
         let passthrough = passing_through(&handle, passes)?;
         Ok(Opened {
-            fh: self.handles.insert(Handle::File(handle)),
+            fh: self.handles.insert(Handle::File(Box::new(handle))),
             keep_cache: keep_cache && !document,
             direct_io: direct_io || document || direct_write,
             flush_at_close: flush_at_close(&info.kind, &info.rel, writable),
@@ -469,6 +486,11 @@ impl ShardFs {
             && !info.detached
             && !(writable && info.rel.file_name() == Some(OsStr::new(METADATA_FILE)));
         if through_now {
+            // Its name now leads to another file (replaced outside the mount): ESTALE
+            // makes the kernel look the name up again, and find the new inode.
+            if info.detached {
+                return Err(FsError::Stale);
+            }
             return if plain && self.passthrough.on() {
                 Ok(true)
             } else {

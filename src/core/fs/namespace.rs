@@ -254,7 +254,7 @@ impl ShardFs {
             handle.mark_dirty(&f);
         }
         let passthrough = super::lookup::passing_through(&handle, through)?;
-        let fh = self.handles.insert(Handle::File(handle));
+        let fh = self.handles.insert(Handle::File(Box::new(handle)));
         Ok((
             attr,
             Opened {
@@ -926,6 +926,10 @@ impl ShardFs {
     /// full disk), the source is untouched.
     fn move_content(&self, mv: &Move, src_ino: Option<Ino>) -> Result<NodeKind, FsError> {
         self.may_move_content(Some((&mv.src, &mv.src_rel)), &mv.place, mv.by)?;
+        // Held until the data has moved: no open may start passing through to the file
+        // between the check and the move.
+        let plain = matches!(mv.src, NodeKind::File) && self.passthrough.on();
+        let _deciding = plain.then(|| self.passthrough.deciding());
         if let Some(ino) = src_ino {
             self.not_passing_through(ino, &mv.src_rel)?;
         }

@@ -521,7 +521,7 @@ impl ShardFs {
             // A truncation through an open handle counts as that handle's write.
             let handle = set.fh.and_then(|fh| self.handles.get(fh).ok());
             let writer = match handle.as_deref() {
-                Some(Handle::File(f)) if f.writable => Some(f),
+                Some(Handle::File(f)) if f.writable => Some(&**f),
                 _ => None,
             };
             self.change_file(writer, &info.kind, |d| d.truncate(size))?;

@@ -67,6 +67,8 @@ pub struct FileHandle {
     pub array: std::sync::OnceLock<Arc<crate::core::array::ArrayState>>,
     /// Its reads and writes go from the kernel to `backing` directly (`passthrough.rs`).
     pub passthrough: std::sync::atomic::AtomicBool,
+    /// The device and inode of that file.
+    pub passthrough_source: std::sync::OnceLock<(u64, u64)>,
 }
 
 impl FileHandle {
@@ -82,6 +84,7 @@ impl FileHandle {
             went_to: std::sync::OnceLock::new(),
             array: std::sync::OnceLock::new(),
             passthrough: std::sync::atomic::AtomicBool::new(false),
+            passthrough_source: std::sync::OnceLock::new(),
             bytes: None,
             dirty: Mutex::new(None),
         }
@@ -142,7 +145,7 @@ pub enum Handle {
     /// An open directory: its listing is taken at the first `readdir` and served from that
     /// snapshot (an open for fsync alone, as tensorstore does, costs no listing).
     Dir(DirHandle),
-    File(FileHandle),
+    File(Box<FileHandle>),
 }
 
 #[derive(Debug, Default)]
@@ -233,6 +236,27 @@ impl HandleTable {
             matches!(h.as_ref(), Handle::File(f)
                 if f.ino == ino && f.passthrough.load(Ordering::Relaxed))
         })
+    }
+
+    /// The BACKING file a handle of `ino` passes through to, if one does.
+    pub fn passthrough_source(&self, ino: Ino) -> Option<(u64, u64)> {
+        lock(&self.handles).values().find_map(|h| match h.as_ref() {
+            Handle::File(f) if f.ino == ino && f.passthrough.load(Ordering::Relaxed) => {
+                f.passthrough_source.get().copied()
+            }
+            _ => None,
+        })
+    }
+
+    /// The inodes with a handle open through passthrough.
+    pub fn passthrough_inos(&self) -> Vec<Ino> {
+        lock(&self.handles)
+            .values()
+            .filter_map(|h| match h.as_ref() {
+                Handle::File(f) if f.passthrough.load(Ordering::Relaxed) => Some(f.ino),
+                _ => None,
+            })
+            .collect()
     }
 
     /// Whether any file handle is open on `ino`.
