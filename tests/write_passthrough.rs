@@ -153,14 +153,18 @@ fn an_inode_open_through_the_daemon_is_not_opened_through_the_kernel() {
 }
 
 /// A chunk file written before its array's `zarr.json` and still open through passthrough
-/// is not taken into a shard under the writer (its later writes would be lost): the
-/// document meets EBUSY until the file is closed, then is taken, with every byte written.
+/// (here by another name, a hard link) is not taken into a shard under the writer (its
+/// later writes would be lost): the document's close meets EBUSY, the document is kept and
+/// committed once the file is closed and the mount idle, with every byte written.
 #[test]
 fn a_directory_does_not_become_an_array_under_an_open_chunk_file() {
     let (_d, backing, _) = dirs();
-    let m = Mounted::new(&backing, &[], LIMIT);
+    let m = Mounted::new(&backing, &["--idle-flush", "0.3"], LIMIT);
     fs::create_dir_all(m.path("d/c")).unwrap();
-    let mut f = File::create(m.path("d/c/0")).unwrap();
+    fs::create_dir(m.path("elsewhere")).unwrap();
+    // Open by another name (a hard link): the same file.
+    let mut f = File::create(m.path("elsewhere/x")).unwrap();
+    fs::hard_link(m.path("elsewhere/x"), m.path("d/c/0")).unwrap();
     f.write_all(&[7u8; 16]).unwrap();
     // The document is committed at its close, which says EBUSY (and keeps it for later).
     let mut doc = File::create(m.path("d/zarr.json")).unwrap();
@@ -178,8 +182,12 @@ fn a_directory_does_not_become_an_array_under_an_open_chunk_file() {
     f.write_all_at(&[9u8; 16], 0).unwrap();
     f.sync_all().unwrap();
     drop(f);
-    std::thread::sleep(Duration::from_millis(100));
-    fs::write(m.path("d/zarr.json"), ONE_D).unwrap();
+    // Kept, and committed once the file is closed and the mount idle.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !backing.join("d/zarr.json").exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(backing.join("d/zarr.json").exists(), "the kept document");
     assert_eq!(fs::read(m.path("d/c/0")).unwrap(), vec![9u8; 16]);
     assert!(
         fs::read_dir(backing.join("d/c")).unwrap().count() <= 1,

@@ -541,19 +541,30 @@ impl ShardFs {
     }
 
     /// EBUSY when one of the chunk files is open through passthrough (its later writes
-    /// would land in the file its data left), after a short wait for closes on their way
-    /// when `wait`.
+    /// would land in the file its data left; by any of its names: hard links), after a
+    /// short wait for closes on their way when `wait`.
     fn none_passing_through(
         &self,
         chunk_files: &[(Vec<u64>, PathBuf)],
         wait: bool,
     ) -> Result<(), FsError> {
+        use std::os::unix::fs::MetadataExt;
         for tries in (0..if wait { 20 } else { 1 }).rev() {
-            let open: Vec<PathBuf> = (self.handles.passthrough_inos().into_iter())
-                .filter_map(|ino| self.inodes.get(ino).filter(|i| !i.detached))
-                .map(|i| i.rel)
-                .collect();
-            let Some((_, rel)) = chunk_files.iter().find(|(_, rel)| open.contains(rel)) else {
+            let open = self.handles.passthrough_sources();
+            if open.is_empty() {
+                return Ok(());
+            }
+            let mut busy = None;
+            for (_, rel) in chunk_files {
+                let at = if wait { rel.clone() } else { staged(rel) };
+                if let Some(m) = self.backing.stat(&at)?
+                    && open.contains(&(m.dev(), m.ino()))
+                {
+                    busy = Some(rel);
+                    break;
+                }
+            }
+            let Some(rel) = busy else {
                 return Ok(());
             };
             if tries == 0 {

@@ -65,11 +65,17 @@ impl ShardFs {
             let (unflushed, touched) = file.with(|s| (s.unflushed, s.touched));
             // Idle from its last write or close (its mtime is the client's to set).
             let quiet = touched.is_none_or(|t| now.duration_since(t) >= idle);
-            if unflushed == 0
-                && quiet
-                && rel.file_name() != Some(METADATA_FILE.as_ref())
-                && let Err(e) = self.persist_temp_if_there(&rel, &file, false)
-            {
+            if unflushed > 0 || !quiet {
+                continue;
+            }
+            // A closed document still held: its commit failed at its close (a chunk file
+            // open through passthrough, a full disk) and is tried again.
+            let attempt = if rel.file_name() == Some(METADATA_FILE.as_ref()) {
+                (!file.is_empty()).then(|| self.flush_temp(&rel, &file))
+            } else {
+                Some(self.persist_temp_if_there(&rel, &file, false))
+            };
+            if let Some(Err(e)) = attempt {
                 // Tried again at the idle pace, and said once: fifty such files once
                 // made thousands of lines in seconds.
                 let first = file.with(|s| {

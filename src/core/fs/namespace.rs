@@ -797,6 +797,13 @@ impl ShardFs {
         }
         self.no_failed_shards(&mv.place)?;
         let src_ino = self.inodes.peek(parent, name);
+        // Held until the data has moved and the inode is what it is now: no open of a
+        // plain file may decide how it goes (through the kernel or not) in between.
+        let dir = matches!(mv.src, NodeKind::Dir | NodeKind::ArrayDir(_));
+        let plain = !dir
+            && (matches!(mv.src, NodeKind::File)
+                || matches!(mv.place, Place::Plain(_) | Place::Extra(_)));
+        let deciding = (plain && self.passthrough.on()).then(|| self.passthrough.deciding());
         let new_kind = self.move_name(&mv, src_ino)?;
         match src_ino {
             Some(ino) => self.inodes.rename(ino, mv.from, mv.to, new_kind.clone()),
@@ -804,6 +811,7 @@ impl ShardFs {
                 self.inodes.detach(newparent, newname, None);
             }
         }
+        drop(deciding);
         self.complete_after_move([&mv.src, &new_kind])
     }
 
@@ -926,10 +934,6 @@ impl ShardFs {
     /// full disk), the source is untouched.
     fn move_content(&self, mv: &Move, src_ino: Option<Ino>) -> Result<NodeKind, FsError> {
         self.may_move_content(Some((&mv.src, &mv.src_rel)), &mv.place, mv.by)?;
-        // Held until the data has moved: no open may start passing through to the file
-        // between the check and the move.
-        let plain = matches!(mv.src, NodeKind::File) && self.passthrough.on();
-        let _deciding = plain.then(|| self.passthrough.deciding());
         if let Some(ino) = src_ino {
             self.not_passing_through(ino, &mv.src_rel)?;
         }

@@ -248,12 +248,14 @@ impl HandleTable {
         })
     }
 
-    /// The inodes with a handle open through passthrough.
-    pub fn passthrough_inos(&self) -> Vec<Ino> {
+    /// The BACKING files (device, inode) handles are open through passthrough to.
+    pub fn passthrough_sources(&self) -> Vec<(u64, u64)> {
         lock(&self.handles)
             .values()
             .filter_map(|h| match h.as_ref() {
-                Handle::File(f) if f.passthrough.load(Ordering::Relaxed) => Some(f.ino),
+                Handle::File(f) if f.passthrough.load(Ordering::Relaxed) => {
+                    f.passthrough_source.get().copied()
+                }
                 _ => None,
             })
             .collect()
