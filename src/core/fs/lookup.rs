@@ -19,7 +19,7 @@ use crate::core::pending::memfile::{FileData, MemFile};
 use crate::core::shards::{ChunkData, Shown};
 use crate::core::view::attr::Attr;
 use crate::core::view::classify::DirClass;
-use crate::core::view::handle::{FileHandle, Handle, read_full_at};
+use crate::core::view::handle::{FileHandle, Handle, Opens, read_full_at};
 use crate::core::view::inode::{Ino, NodeInfo, NodeKind, ROOT};
 use crate::sync::lock;
 use crate::zarr::{KeyNode, METADATA_FILE};
@@ -54,9 +54,9 @@ pub(super) fn passing_through(
         return Ok(None);
     };
     let m = file.metadata()?;
-    let _ = handle.passthrough_source.set((m.dev(), m.ino()));
-    handle.passthrough.store(true, Relaxed);
-    Ok(Some((m.dev(), m.ino())))
+    let source = (m.dev(), m.ino());
+    *lock(&handle.passthrough) = Some(source);
+    Ok(Some(source))
 }
 
 /// Whether writes to a file of `kind` bypass the kernel's page cache (FOPEN_DIRECT_IO):
@@ -379,7 +379,9 @@ impl ShardFs {
         let kind = self.resolve(&parent, name)?;
         let rel = join_rel(&parent.rel, name);
         let attr = self.attr(0, &rel, &kind)?;
-        self.renamed_if_replaced(parent.ino, name, attr.source);
+        if matches!(kind, NodeKind::File) && self.passthrough.on() {
+            self.renamed_if_replaced(parent.ino, name, attr.source);
+        }
         let ino = self
             .inodes
             .lookup(parent.ino, name, kind, self.link_source(&attr));
@@ -391,7 +393,7 @@ impl ShardFs {
     /// that file while it is open, and takes no other file for it meanwhile.
     fn renamed_if_replaced(&self, parent: Ino, name: &OsStr, now: Option<(u64, u64)>) {
         if let Some(ino) = self.inodes.peek(parent, name)
-            && let Some(held) = self.handles.passthrough_source(ino)
+            && let Opens::Through(held) = self.handles.opens_of(ino)
             && Some(held) != now
         {
             self.inodes.detach(parent, name, None);
@@ -481,7 +483,8 @@ impl ShardFs {
     /// Whether this open of `info` passes through the kernel to its BACKING file
     /// (`view/passthrough.rs`): EBUSY when it cannot while the inode is open through it.
     fn passes_through(&self, info: &NodeInfo, writable: bool) -> Result<bool, FsError> {
-        let through_now = self.handles.passthrough_open(info.ino);
+        let opens = self.handles.opens_of(info.ino);
+        let through_now = matches!(opens, Opens::Through(_));
         let plain = matches!(info.kind, NodeKind::File)
             && !info.detached
             && !(writable && info.rel.file_name() == Some(OsStr::new(METADATA_FILE)));
@@ -505,7 +508,7 @@ impl ShardFs {
             && self.passthrough.on()
             && self.tree.changes_in_place()
             && crate::core::view::passthrough::name_fits(&info.name)
-            && !self.handles.is_open(info.ino)
+            && opens == Opens::Closed
             && matches!(self.node(info.parent)?.kind, NodeKind::Dir))
     }
 
@@ -531,7 +534,7 @@ impl ShardFs {
         if let Ok(handle) = self.handles.get(fh)
             && let Handle::File(f) = handle.as_ref()
         {
-            f.passthrough.store(false, Relaxed);
+            *lock(&f.passthrough) = None;
         }
     }
 

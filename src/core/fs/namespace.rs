@@ -21,7 +21,7 @@ use crate::core::error::FsError;
 use crate::core::pending::memfile::{FileData, MemFile};
 use crate::core::shards::ChunkData;
 use crate::core::view::attr::Attr;
-use crate::core::view::handle::{FileHandle, Handle};
+use crate::core::view::handle::{FileHandle, Handle, Opens};
 use crate::core::view::inode::{Ino, NodeInfo, NodeKind};
 use crate::zarr::{KeyNode, METADATA_FILE};
 
@@ -979,11 +979,12 @@ impl ShardFs {
     /// out of the file), after a short wait for closes already on their way: a RELEASE
     /// comes after close(2) returns, and a rename may overtake it.
     fn not_passing_through(&self, ino: Ino, rel: &Path) -> Result<(), FsError> {
-        for _ in 0..20 {
-            if !self.handles.passthrough_open(ino) {
-                return Ok(());
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
+        let through = || match self.handles.opens_of(ino) {
+            Opens::Through(source) => Ok::<_, FsError>(Some(source)),
+            _ => Ok(None),
+        };
+        if crate::core::view::passthrough::after_closes_in_flight(through)?.is_none() {
+            return Ok(());
         }
         Err(FsError::Conflict(format!(
             "{} is open through FUSE passthrough: close it before moving it into an array or \

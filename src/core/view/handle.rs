@@ -65,10 +65,9 @@ pub struct FileHandle {
     /// The array a chunk was opened to be written in (its writer's permission checked on
     /// that directory): writes through the handle go to no other.
     pub array: std::sync::OnceLock<Arc<crate::core::array::ArrayState>>,
-    /// Its reads and writes go from the kernel to `backing` directly (`passthrough.rs`).
-    pub passthrough: std::sync::atomic::AtomicBool,
-    /// The device and inode of that file.
-    pub passthrough_source: std::sync::OnceLock<(u64, u64)>,
+    /// Its reads and writes go from the kernel to `backing` directly (`passthrough.rs`):
+    /// that file's device and inode; `None` when they go through the daemon.
+    pub passthrough: Mutex<Option<(u64, u64)>>,
 }
 
 impl FileHandle {
@@ -83,8 +82,7 @@ impl FileHandle {
             pinned_at: AtomicU64::new(0),
             went_to: std::sync::OnceLock::new(),
             array: std::sync::OnceLock::new(),
-            passthrough: std::sync::atomic::AtomicBool::new(false),
-            passthrough_source: std::sync::OnceLock::new(),
+            passthrough: Mutex::new(None),
             bytes: None,
             dirty: Mutex::new(None),
         }
@@ -146,6 +144,16 @@ pub enum Handle {
     /// snapshot (an open for fsync alone, as tensorstore does, costs no listing).
     Dir(DirHandle),
     File(Box<FileHandle>),
+}
+
+/// How an inode is open (`HandleTable::opens_of`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Opens {
+    Closed,
+    /// Through the daemon only.
+    Daemon,
+    /// Some handle passes through to this BACKING file (device, inode).
+    Through((u64, u64)),
 }
 
 #[derive(Debug, Default)]
@@ -230,22 +238,21 @@ impl HandleTable {
         }
     }
 
-    /// Whether a handle of `ino` is open through passthrough.
-    pub fn passthrough_open(&self, ino: Ino) -> bool {
-        lock(&self.handles).values().any(|h| {
-            matches!(h.as_ref(), Handle::File(f)
-                if f.ino == ino && f.passthrough.load(Ordering::Relaxed))
-        })
-    }
-
-    /// The BACKING file a handle of `ino` passes through to, if one does.
-    pub fn passthrough_source(&self, ino: Ino) -> Option<(u64, u64)> {
-        lock(&self.handles).values().find_map(|h| match h.as_ref() {
-            Handle::File(f) if f.ino == ino && f.passthrough.load(Ordering::Relaxed) => {
-                f.passthrough_source.get().copied()
+    /// How `ino` is open now: through passthrough (to that BACKING file), through the
+    /// daemon, or not at all. One look at the table.
+    pub fn opens_of(&self, ino: Ino) -> Opens {
+        let mut opens = Opens::Closed;
+        for h in lock(&self.handles).values() {
+            if let Handle::File(f) = h.as_ref()
+                && f.ino == ino
+            {
+                match *lock(&f.passthrough) {
+                    Some(source) => return Opens::Through(source),
+                    None => opens = Opens::Daemon,
+                }
             }
-            _ => None,
-        })
+        }
+        opens
     }
 
     /// The BACKING files (device, inode) handles are open through passthrough to.
@@ -253,9 +260,7 @@ impl HandleTable {
         lock(&self.handles)
             .values()
             .filter_map(|h| match h.as_ref() {
-                Handle::File(f) if f.passthrough.load(Ordering::Relaxed) => {
-                    f.passthrough_source.get().copied()
-                }
+                Handle::File(f) => *lock(&f.passthrough),
                 _ => None,
             })
             .collect()

@@ -76,6 +76,21 @@ impl Passthrough {
     }
 }
 
+/// Waits up to 200 ms, while `busy()` says a file is still open through passthrough, for
+/// closes already on their way (a RELEASE comes after close(2) returns, and a rename or a
+/// document's commit may overtake it); returns what `busy()` says last.
+pub fn after_closes_in_flight<T, E>(
+    mut busy: impl FnMut() -> Result<Option<T>, E>,
+) -> Result<Option<T>, E> {
+    for _ in 0..20 {
+        match busy()? {
+            None => return Ok(None),
+            Some(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
+        }
+    }
+    busy()
+}
+
 /// Whether a file named `name` may start passing through (its other conditions aside).
 pub fn name_fits(name: &std::ffi::OsStr) -> bool {
     name != crate::zarr::METADATA_FILE
