@@ -218,3 +218,51 @@ fn a_file_replaced_outside_while_open_opens_anew() {
     held.read_to_end(&mut old).unwrap();
     assert_eq!(old, b"old");
 }
+
+/// A full disk between the shards of chunk files written before their document and the
+/// document itself: nothing of the import stays (the chunk files are plain files again, at
+/// their names, with their bytes; no shard, no file moved aside), and the document, kept,
+/// is committed by the idle flusher once there is room.
+#[test]
+fn a_document_that_finds_the_disk_full_leaves_its_chunk_files_as_they_were() {
+    let dir = tempfile::tempdir().unwrap();
+    let backing = dir.path().join("b");
+    let _tmpfs = common::convert::Tmpfs::mount(&backing, "8m");
+    let m = Mounted::new(&backing, &["--idle-flush", "0.5"], LIMIT);
+    fs::create_dir_all(m.path("g/c/0")).unwrap();
+    fs::write(m.path("g/c/0/0"), [6u8; 4]).unwrap();
+    fs::write(m.path("g/c/0/1"), [8u8; 4]).unwrap();
+    let mut filler = File::create(m.path("filler")).unwrap();
+    while filler.write_all(&[1u8; 65536]).is_ok() {}
+    drop(filler);
+    // One page free: room for the shard, not for the document after it.
+    let len = fs::metadata(backing.join("filler")).unwrap().len();
+    File::options()
+        .write(true)
+        .open(backing.join("filler"))
+        .unwrap()
+        .set_len(len - 4096)
+        .unwrap();
+    let doc = r#"{"zarr_format":3,"node_type":"array","shape":[4,4],"data_type":"uint8",
+"chunk_grid":{"name":"regular","configuration":{"chunk_shape":[2,2]}},
+"chunk_key_encoding":{"name":"default"},"fill_value":0,"codecs":[{"name":"bytes"}]}"#;
+    let mut f = File::create(m.path("g/zarr.json")).unwrap();
+    f.write_all(doc.as_bytes()).unwrap();
+    let closed = unsafe { libc::close(std::os::fd::IntoRawFd::into_raw_fd(f)) };
+    assert_eq!(closed, -1, "the document's close tells of the full disk");
+    assert_eq!(fs::read(backing.join("g/c/0/0")).unwrap(), [6u8; 4]);
+    assert_eq!(fs::read(backing.join("g/c/0/1")).unwrap(), [8u8; 4]);
+    let names: Vec<String> = fs::read_dir(backing.join("g/c/0"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    fs::remove_file(backing.join("filler")).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while !backing.join("g/zarr.json").exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(backing.join("g/zarr.json").exists(), "the kept document");
+    assert_eq!(fs::read(m.path("g/c/0/0")).unwrap(), [6u8; 4]);
+    assert_eq!(fs::read(m.path("g/c/0/1")).unwrap(), [8u8; 4]);
+}

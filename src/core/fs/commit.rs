@@ -25,6 +25,14 @@ use crate::zarr::{
     shown_view, translate_consolidated, transparent,
 };
 
+/// What an import of chunk files written before their document did (`import_plain_chunks`):
+/// the chunk files moved aside (by their names) and the shards written, for its undoing.
+#[derive(Default)]
+struct Import {
+    moved: Vec<PathBuf>,
+    written: Vec<PathBuf>,
+}
+
 impl ShardFs {
     /// Stores `bytes`, written as `dir/zarr.json`, in BACKING.
     pub(crate) fn commit_metadata(
@@ -114,16 +122,24 @@ impl ShardFs {
                 // Nothing new may appear in plain directories until the array exists, so
                 // that every chunk file written before is imported.
                 let _exclusive = self.plain_names.write().unwrap_or_else(|e| e.into_inner());
-                let staged = self.import_plain_chunks(dir, &sharded)?;
+                let import = self.import_plain_chunks(dir, &sharded)?;
                 self.classifier.show_as_written(dir, false);
                 let doc_bytes = Node::Array(sharded).to_json_bytes();
                 let owner = self.held_maker(&doc);
-                self.tree
-                    .write_whole(&doc, &[Bytes::from(doc_bytes)], true, owner, made)?;
+                let stored =
+                    self.tree
+                        .write_whole(&doc, &[Bytes::from(doc_bytes)], true, owner, made);
+                if let Err(e) = stored {
+                    // (A full disk): nothing of the import stays, the chunk files are
+                    // plain files again, as before the document came.
+                    let e = FsError::from(e);
+                    self.undo_import(dir, &import, &e);
+                    return Err(e);
+                }
                 // Only now, the array stored (its shards durable before it), may the chunk
                 // files go: a crash before this finds them all again (`unstage`).
-                for rel in &staged {
-                    if let Err(e) = self.backing.remove_file(rel) {
+                for rel in import.moved.iter().map(|rel| staged(rel)) {
+                    if let Err(e) = self.backing.remove_file(&rel) {
                         warn!(file = %rel.display(), "imported chunk file not removed: {e}");
                     }
                 }
@@ -421,17 +437,13 @@ impl ShardFs {
     /// become chunks: read into their shards, the shards written (a chunk file's path may
     /// be the path of a shard, which then replaces it), the other chunk files removed, and
     /// only then the metadata stored. Directories on chunk-key paths stay visible.
-    /// Returns the chunk files, moved aside, to remove once the metadata is stored.
-    fn import_plain_chunks(
-        &self,
-        dir: &Path,
-        sharded: &ArrayMetadata,
-    ) -> Result<Vec<PathBuf>, FsError> {
+    /// Returns what it did, to finish (the chunk files removed) once the metadata is stored, or undo.
+    fn import_plain_chunks(&self, dir: &Path, sharded: &ArrayMetadata) -> Result<Import, FsError> {
         let Some(found) = self.backing.identify(dir)? else {
-            return Ok(Vec::new());
+            return Ok(Import::default());
         };
         let Some(array) = draft_array(dir, sharded, found) else {
-            return Ok(Vec::new());
+            return Ok(Import::default());
         };
         self.unstage(&array, dir, &KeyNode::Root)?;
         let mut chunk_files = Vec::new();
@@ -443,33 +455,38 @@ impl ShardFs {
         }
         self.import_held_chunks(&array, dir)?;
         if chunk_files.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Import::default());
         }
         // Moved aside first (the shards may need the paths), then taken in one shard at a
         // time, so that memory holds one shard's chunks, not the whole array's. If a shard
         // cannot be written, everything goes back as it was.
-        let mut moved = Vec::new();
-        let mut written = Vec::new();
-        let result = self.shard_chunk_files(&array, &chunk_files, &mut moved, &mut written);
+        let mut import = Import::default();
+        let result = self
+            .shard_chunk_files(&array, &chunk_files, &mut import)
+            // Durable before the metadata that makes them the array's, and before the
+            // chunk files go.
+            .and_then(|()| self.shards.make_durable(&self.backing, |a, _, _| a == dir));
         if let Err(e) = result {
-            for rel in &written {
-                let _ = self.backing.remove_file(rel);
-            }
-            for rel in &moved {
-                let _ = self.backing.rename(&staged(rel), rel);
-            }
-            self.shards.discard_array(dir);
-            warn!(array = %self.backing.path(dir).display(),
-                "chunk files could not be moved into shards, left as they were: {e}");
+            self.undo_import(dir, &import, &e);
             return Err(e);
         }
-        // Durable before the metadata that makes them the array's, and before the chunk
-        // files go.
-        self.shards
-            .make_durable(&self.backing, |a, _, _| a == dir)?;
         info!(array = %self.backing.path(dir).display(), chunks = chunk_files.len(),
-            shards = written.len(), "chunk files written before the metadata moved into shards");
-        Ok(chunk_files.iter().map(|(_, rel)| staged(rel)).collect())
+            shards = import.written.len(), "chunk files written before the metadata moved into shards");
+        Ok(import)
+    }
+
+    /// Puts everything an import did back as it was (its shards removed, the chunk files
+    /// at their names again): a shard or the document could not be written.
+    fn undo_import(&self, dir: &Path, import: &Import, e: &FsError) {
+        for rel in &import.written {
+            let _ = self.backing.remove_file(rel);
+        }
+        for rel in &import.moved {
+            let _ = self.backing.rename(&staged(rel), rel);
+        }
+        self.shards.discard_array(dir);
+        warn!(array = %self.backing.path(dir).display(),
+            "chunk files could not be moved into shards, left as they were: {e}");
     }
 
     /// Chunk files an import moved aside and never finished with (the daemon died before
@@ -505,8 +522,7 @@ impl ShardFs {
         &self,
         array: &Arc<ArrayState>,
         chunk_files: &[(Vec<u64>, PathBuf)],
-        moved: &mut Vec<PathBuf>,
-        written: &mut Vec<PathBuf>,
+        import: &mut Import,
     ) -> Result<(), FsError> {
         let mut by_shard: BTreeMap<Vec<u64>, Vec<(Vec<u64>, PathBuf)>> = BTreeMap::new();
         for (coords, rel) in chunk_files {
@@ -518,7 +534,7 @@ impl ShardFs {
         }
         for (_, rel) in chunk_files {
             self.backing.rename(rel, &staged(rel))?;
-            moved.push(rel.clone());
+            import.moved.push(rel.clone());
         }
         // An open that started passing through since the first look: moved back (no
         // later open finds them by their names now).
@@ -535,7 +551,7 @@ impl ShardFs {
             }
             self.shards
                 .write_shard(&self.backing, array, shard, WriteMode::Replace)?;
-            written.push(array.shard_rel(shard));
+            import.written.push(array.shard_rel(shard));
         }
         Ok(())
     }
@@ -548,35 +564,43 @@ impl ShardFs {
         chunk_files: &[(Vec<u64>, PathBuf)],
         wait: bool,
     ) -> Result<(), FsError> {
-        use std::os::unix::fs::MetadataExt;
-        for tries in (0..if wait { 20 } else { 1 }).rev() {
-            let open = self.handles.passthrough_sources();
-            if open.is_empty() {
-                return Ok(());
-            }
-            let mut busy = None;
-            for (_, rel) in chunk_files {
-                let at = if wait { rel.clone() } else { staged(rel) };
-                if let Some(m) = self.backing.stat(&at)?
-                    && open.contains(&(m.dev(), m.ino()))
-                {
-                    busy = Some(rel);
-                    break;
-                }
-            }
-            let Some(rel) = busy else {
-                return Ok(());
-            };
-            if tries == 0 {
-                return Err(FsError::Conflict(format!(
-                    "{} is open through FUSE passthrough: close it before its directory \
-                     becomes an array (or mount with --no-passthrough)",
-                    rel.display()
-                )));
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
+        let busy = || self.chunk_file_passing_through(chunk_files, wait);
+        let busy = if wait {
+            crate::core::view::passthrough::after_closes_in_flight(busy)?
+        } else {
+            busy()?
+        };
+        match busy {
+            None => Ok(()),
+            Some(rel) => Err(FsError::Conflict(format!(
+                "{} is open through FUSE passthrough: close it before its directory becomes \
+                 an array (or mount with --no-passthrough)",
+                rel.display()
+            ))),
         }
-        Ok(())
+    }
+
+    /// The first of `chunk_files` (still at their names, or moved aside unless `at_names`)
+    /// that a handle passes through to.
+    fn chunk_file_passing_through<'a>(
+        &self,
+        chunk_files: &'a [(Vec<u64>, PathBuf)],
+        at_names: bool,
+    ) -> Result<Option<&'a PathBuf>, FsError> {
+        use std::os::unix::fs::MetadataExt;
+        let open = self.handles.passthrough_sources();
+        if open.is_empty() {
+            return Ok(None);
+        }
+        for (_, rel) in chunk_files {
+            let at = if at_names { rel.clone() } else { staged(rel) };
+            if let Some(m) = self.backing.stat(&at)?
+                && open.contains(&(m.dev(), m.ino()))
+            {
+                return Ok(Some(rel));
+            }
+        }
+        Ok(None)
     }
 
     /// Chunk files written before the metadata and held in memory (an object-store mount
