@@ -87,4 +87,4 @@ rm -rf target/shardfs-wheel
 "$venv/bin/maturin" build --quiet --profile dev --out target/shardfs-wheel
 export SHARDFS_WHEEL="$(ls "$PWD"/target/shardfs-wheel/shardfs-*.whl)"
 echo "== cargo test"
-cargo test --quiet "$@"
+cargo test --quiet --no-fail-fast "$@"

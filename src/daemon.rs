@@ -75,6 +75,9 @@ pub enum DaemonError {
     /// What became of an unmount that is not the daemon's to say.
     #[error("{0}")]
     Ended(String),
+    /// Unmounted as `--give-up` asked, with pending data that could not be written.
+    #[error("{0}")]
+    GaveUp(String),
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> DaemonError + '_ {
@@ -937,7 +940,7 @@ fn daemon_verdict(
     // Read once, by the one who asked: it has served its purpose.
     let _ = fs::remove_file(&info.status_file);
     if let Some(what) = given_up {
-        return Err(DaemonError::Ended(format!(
+        return Err(DaemonError::GaveUp(format!(
             "unmounted, giving up on: {what}. What of it was fsynced stays in the journal, \
              for the next mount of BACKING to write"
         )));

@@ -28,6 +28,23 @@ impl Drop for Cleanup {
     }
 }
 
+/// The shardfs binary copied, mode 0755, into a new directory that root alone may change
+/// (below /usr/local/lib), removed with the value.
+fn root_only_copy_of_shardfs() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let parent = Path::new("/usr/local/lib");
+    std::fs::create_dir_all(parent).unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix("shardfs-test-")
+        .tempdir_in(parent)
+        .unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = dir.path().join("shardfs");
+    std::fs::copy(env!("CARGO_BIN_EXE_shardfs"), &bin).unwrap();
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir
+}
+
 fn run(cmd: &mut Command) -> std::process::Output {
     run_timeout(cmd, Duration::from_secs(60))
 }
@@ -109,7 +126,10 @@ fn mount_t_and_an_fstab_line_use_the_installed_helper() {
         mountpoint: mountpoint.clone(),
         installed: None,
     };
-    let out = run(Command::new(env!("CARGO_BIN_EXE_shardfs"))
+    // mount(8) runs the helper as root: it links only to a binary that root alone may
+    // change, wherever the checkout lies (one under /tmp is refused, rightly).
+    let root_only = root_only_copy_of_shardfs();
+    let out = run(Command::new(root_only.path().join("shardfs"))
         .args(["install-mount-helper", "--prefix"])
         .arg(prefix));
     assert_ok(&out, "install-mount-helper");

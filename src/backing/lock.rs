@@ -6,9 +6,19 @@
 //! never truncated by the opener), take an exclusive open-file-description lock on it,
 //! check that the file locked is still the one named `KEY.__lock` (a previous holder may
 //! have renamed it onto `KEY` or removed it meanwhile: then start again), read `KEY`, write
-//! the new content into the lock file itself, sync it, rename it onto `KEY`, and only then
-//! close it (which releases the lock). Everyone who read `KEY` under the lock therefore
-//! read the latest version, and a read-merge-write never loses a concurrent one.
+//! the new content, rename it onto `KEY`, and only then close the lock file (which releases
+//! the lock). Everyone who read `KEY` under the lock therefore read the latest version, and
+//! a read-merge-write never loses a concurrent one.
+//!
+//! tensorstore writes its new content into the lock file itself and renames that. The
+//! mount never does: a lock file is taken over by the next writer *without being
+//! truncated*, so content left in one by a writer killed before its rename would end up
+//! behind tensorstore's shorter shard, inside the shard it renames onto `KEY` (an old index
+//! that still checksums, and readers reading another chunk's bytes without an error). The
+//! mount writes into a staged file of its own (`.KEY.shardfs-staged`), renames that onto
+//! `KEY` while holding the lock, and removes the lock file, empty, still locked. A staged
+//! file left by a killed holder is only ever found by the next holder of the same lock,
+//! which removes it.
 
 use std::ffi::{OsStr, OsString};
 use std::fs::{File, Metadata};
@@ -18,7 +28,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags};
+use rustix::fs::{AtFlags, Mode, OFlags};
 
 use super::Backing;
 use super::beneath::{errno, split};
@@ -81,9 +91,8 @@ pub struct KeyLock {
     dir_rel: PathBuf,
     name: OsString,
     lock_name: OsString,
-    file: File,
-    /// Renamed onto the key: nothing to clean up.
-    done: bool,
+    /// Held open (and so locked) until dropped.
+    _lock_file: File,
 }
 
 impl Backing {
@@ -120,9 +129,9 @@ impl Backing {
             // Still the file that bears the lock's name? Else its holder renamed or removed
             // it while we waited: our lock guards nothing.
             let held = file.metadata()?;
-            // The lock file becomes the shard: one with another name too (a hard link to a
-            // file someone chose, where the kernel allows linking others' files) would
-            // have that file overwritten. Such a name is taken away and made anew.
+            // The lock file is removed when the lock ends: one with another name too (a hard
+            // link to a file someone chose, where the kernel allows linking others' files)
+            // is somebody's file, not a lock. Such a name is taken away and made anew.
             if !held.is_file() || std::os::unix::fs::MetadataExt::nlink(&held) != 1 {
                 replaced += 1;
                 if replaced > 16 {
@@ -140,8 +149,7 @@ impl Backing {
                         dir_rel: dir_rel.to_path_buf(),
                         name: name.to_os_string(),
                         lock_name,
-                        file,
-                        done: false,
+                        _lock_file: file,
                     });
                 }
                 Ok(_) | Err(rustix::io::Errno::NOENT) => continue,
@@ -225,7 +233,7 @@ impl KeyLock {
     /// `durability` asks, renamed onto the key. Returns the new file's metadata.
     /// Returns the new file's metadata and inode generation (`super::generation`).
     pub fn replace(
-        self,
+        &self,
         buffers: &[Bytes],
         durability: Durability,
     ) -> io::Result<(Metadata, Option<u64>)> {
@@ -240,38 +248,58 @@ impl KeyLock {
         )
     }
 
-    /// `replace`, the content written by `write` into the (empty) lock file.
+    /// `replace`, the content written by `write` into a new, empty staged file.
     pub fn replace_with(
-        mut self,
+        &self,
         write: impl FnOnce(&mut File) -> io::Result<()>,
         durability: Durability,
     ) -> io::Result<(Metadata, Option<u64>)> {
         // What the mount writes on its own belongs to its directory's owner (`owner`).
         let dir = File::from(self.dir.try_clone()?).metadata()?;
-        super::owner::give(&self.file, super::FileOwner::for_file_in(&dir))?;
-        // A stale, longer lock file left by a writer that died is cut to size.
-        self.file.set_len(0)?;
-        write(&mut self.file)?;
-        if durability != Durability::Later {
-            self.file.sync_data()?;
+        let (staged_name, mut staged) = self.create_staged()?;
+        let renamed = (|| {
+            super::owner::give(&staged, super::FileOwner::for_file_in(&dir))?;
+            write(&mut staged)?;
+            if durability != Durability::Later {
+                staged.sync_data()?;
+            }
+            rustix::fs::renameat(&self.dir, &staged_name, &self.dir, self.name.as_os_str())
+                .map_err(errno)
+        })();
+        if let Err(e) = renamed {
+            let _ = rustix::fs::unlinkat(&self.dir, &staged_name, AtFlags::empty());
+            return Err(e);
         }
-        rustix::fs::renameat_with(
-            &self.dir,
-            self.lock_name.as_os_str(),
-            &self.dir,
-            self.name.as_os_str(),
-            RenameFlags::empty(),
-        )
-        .map_err(errno)?;
-        self.done = true;
         if durability == Durability::Now {
             rustix::fs::fsync(&self.dir).map_err(errno)?;
         }
-        Ok((self.file.metadata()?, super::generation(&self.file)))
+        Ok((staged.metadata()?, super::generation(&staged)))
+    }
+
+    /// A new, empty file to stage the key's next content in, beside it. Its name is fixed,
+    /// so that one left by a killed holder is found and removed by the next; a file under
+    /// that name while the lock is held is such a leftover (or planted: never written).
+    fn create_staged(&self) -> io::Result<(OsString, File)> {
+        let staged_name = staged_name(&self.name);
+        let flags =
+            OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let mut tries = 0;
+        loop {
+            match rustix::fs::openat(&self.dir, &staged_name, flags, Mode::from_raw_mode(0o600)) {
+                Ok(fd) => return Ok((staged_name, File::from(fd))),
+                Err(rustix::io::Errno::EXIST) if tries < 4 => {
+                    tracing::info!(staged = %staged_name.to_string_lossy(),
+                        "a staged file left by a writer that stopped: removed");
+                    let _ = rustix::fs::unlinkat(&self.dir, &staged_name, AtFlags::empty());
+                }
+                Err(e) => return Err(errno(e)),
+            }
+            tries += 1;
+        }
     }
 
     /// Removes the key. Returns whether it was there.
-    pub fn remove(self) -> io::Result<bool> {
+    pub fn remove(&self) -> io::Result<bool> {
         match rustix::fs::unlinkat(&self.dir, self.name.as_os_str(), AtFlags::empty()) {
             Ok(()) => Ok(true),
             Err(rustix::io::Errno::NOENT) => Ok(false),
@@ -287,13 +315,28 @@ impl KeyLock {
 
 impl Drop for KeyLock {
     fn drop(&mut self) {
-        // Not renamed onto the key: the lock file goes, removed while still locked so that
-        // a waiter finds its name gone and starts again.
-        if !self.done {
-            let _ = rustix::fs::unlinkat(&self.dir, self.lock_name.as_os_str(), AtFlags::empty());
-        }
+        // The lock file never holds content: it goes, removed while still locked so that a
+        // waiter finds its name gone and starts again.
+        let _ = rustix::fs::unlinkat(&self.dir, self.lock_name.as_os_str(), AtFlags::empty());
     }
 }
+
+/// The staged file's name for a key `name`: hidden, and never longer than a name may be
+/// (NAME_MAX, 255 bytes), however long `name` is.
+fn staged_name(name: &OsStr) -> OsString {
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    const SUFFIX: &[u8] = STAGED_SUFFIX.as_bytes();
+    let bytes = name.as_bytes();
+    let keep = bytes.len().min(255 - 1 - SUFFIX.len());
+    let mut staged = Vec::with_capacity(1 + keep + SUFFIX.len());
+    staged.push(b'.');
+    staged.extend_from_slice(&bytes[..keep]);
+    staged.extend_from_slice(SUFFIX);
+    OsString::from_vec(staged)
+}
+
+/// The suffix of the file a key's next content is staged in (`create_staged`).
+pub const STAGED_SUFFIX: &str = ".shardfs-staged";
 
 /// Takes an exclusive open-file-description lock on the whole file without waiting.
 /// Returns whether it was taken (someone else holds it otherwise).
@@ -348,5 +391,111 @@ fn lock_exclusive(file: &File, start: Instant) -> io::Result<()> {
         }
         std::thread::sleep(step);
         step = (step * 2).min(Duration::from_millis(50));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::fs;
+    use std::io::{Seek, SeekFrom, Write};
+    use std::path::Path;
+
+    use super::*;
+
+    /// Every file of `dir` with its content.
+    fn files_of(dir: &Path) -> BTreeMap<OsString, Vec<u8>> {
+        fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap())
+            .map(|e| (e.file_name(), fs::read(e.path()).unwrap()))
+            .collect()
+    }
+
+    /// tensorstore's write of `KEY`: its lock file opened without truncation, its content
+    /// written from 0, the lock file renamed onto `KEY`.
+    fn tensorstore_writes(dir: &Path, content: &[u8]) {
+        let lock = dir.join("0.__lock");
+        let mut f = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&lock)
+            .unwrap();
+        f.seek(SeekFrom::Start(0)).unwrap();
+        f.write_all(content).unwrap();
+        f.sync_data().unwrap();
+        fs::rename(&lock, dir.join("0")).unwrap();
+    }
+
+    /// A holder killed after writing a shard and before its rename leaves the directory
+    /// as it was at that moment; tensorstore, writing a shorter shard next, must find
+    /// nothing of the killed holder's in what becomes `KEY`.
+    #[test]
+    fn a_holder_killed_before_its_rename_leaves_nothing_tensorstore_takes_over() {
+        let root = tempfile::tempdir().unwrap();
+        let b = Backing::new(root.path().to_path_buf()).unwrap();
+        fs::create_dir_all(root.path().join("a/c")).unwrap();
+        fs::write(root.path().join("a/c/0"), b"old shard").unwrap();
+        let mut at_the_kill = BTreeMap::new();
+        let key = b.lock_key(Path::new("a/c/0")).unwrap();
+        key.replace_with(
+            |f| {
+                f.write_all(&[7u8; 4096])?;
+                f.sync_data()?;
+                at_the_kill = files_of(&root.path().join("a/c"));
+                Ok(())
+            },
+            Durability::DataBeforeRename,
+        )
+        .unwrap();
+        drop(key);
+        assert_eq!(fs::read(root.path().join("a/c/0")).unwrap(), [7u8; 4096]);
+        let lock = OsString::from("0.__lock");
+        assert_eq!(
+            at_the_kill.get(&lock).map(Vec::len),
+            Some(0),
+            "{:?}",
+            at_the_kill.keys()
+        );
+        let names: Vec<_> = files_of(&root.path().join("a/c")).into_keys().collect();
+        assert_eq!(names, ["0"], "nothing left beside the key");
+
+        // The directory as the killed holder left it, then tensorstore's write.
+        let after_kill = tempfile::tempdir().unwrap();
+        for (name, content) in &at_the_kill {
+            fs::write(after_kill.path().join(name), content).unwrap();
+        }
+        tensorstore_writes(after_kill.path(), b"new shard");
+        assert_eq!(fs::read(after_kill.path().join("0")).unwrap(), b"new shard");
+    }
+
+    /// The staged file a killed holder left is removed by the next holder, and the lock
+    /// file it left (empty) is reused.
+    #[test]
+    fn the_next_holder_removes_a_staged_file_left_behind() {
+        let root = tempfile::tempdir().unwrap();
+        let b = Backing::new(root.path().to_path_buf()).unwrap();
+        fs::create_dir_all(root.path().join("c")).unwrap();
+        let staged = root.path().join(format!("c/.0{STAGED_SUFFIX}"));
+        fs::write(&staged, [9u8; 100]).unwrap();
+        fs::write(root.path().join("c/0.__lock"), b"").unwrap();
+        let key = b.lock_key(Path::new("c/0")).unwrap();
+        key.replace(&[Bytes::from_static(b"abc")], Durability::Now)
+            .unwrap();
+        drop(key);
+        assert_eq!(fs::read(root.path().join("c/0")).unwrap(), b"abc");
+        let names: Vec<_> = files_of(&root.path().join("c")).into_keys().collect();
+        assert_eq!(names, ["0"]);
+    }
+
+    #[test]
+    fn a_staged_name_always_fits() {
+        let long = OsString::from("x".repeat(255));
+        let staged = staged_name(&long);
+        assert_eq!(staged.len(), 255);
+        assert!(staged.to_string_lossy().ends_with(STAGED_SUFFIX));
+        assert_eq!(staged_name(OsStr::new("0")), ".0.shardfs-staged");
     }
 }

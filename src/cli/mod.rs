@@ -108,8 +108,10 @@ enum Command {
     Reshard(convert::PackArgs),
     /// Unmount a shardfs mount and wait for its daemon to exit.
     ///
-    /// Exit status: 0 when everything was written and the daemon exited cleanly, 1 when not
-    /// (the reason is printed), 2 on usage errors.
+    /// Exit status: 0 when everything was written and the daemon exited cleanly; 1 when not
+    /// (the reason is printed: not unmounted, or unmounted without the daemon's word that
+    /// all was written); 2 on usage errors; 3 when `--give-up` unmounted with pending data
+    /// that could not be written (named; what of it was fsynced stays in the journal).
     Unmount {
         mountpoint: PathBuf,
         /// Detach now even if files are open; the daemon exits when the last one closes.
@@ -281,6 +283,10 @@ fn parse_multipart_above(s: &str) -> Result<u64, String> {
 fn report_daemon(result: Result<(), crate::daemon::DaemonError>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e @ crate::daemon::DaemonError::GaveUp(_)) => {
+            say!("shardfs: {e}");
+            ExitCode::from(3)
+        }
         Err(e) => {
             say!("shardfs: {e}");
             ExitCode::from(1)

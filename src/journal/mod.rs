@@ -168,6 +168,9 @@ pub struct Journal {
     /// sync, and until then every sync fails: a replay could bring their records back over
     /// newer content, so nothing may be acknowledged as durable.
     unrecorded: Mutex<Vec<u64>>,
+    /// Ids whose retirement is recorded and synced already (`retire_durably`): their
+    /// retirement, in memory, records nothing more.
+    recorded: Mutex<std::collections::BTreeSet<u64>>,
     /// The first sync that failed, if one did. From then on no sync is trusted: after a
     /// failed writeback Linux reports the error once, and a later sync of the same file may
     /// succeed without the data ever reaching the disk (PostgreSQL's "fsyncgate"). Every
@@ -218,6 +221,7 @@ impl Journal {
             next_id: AtomicU64::new(0),
             sync: Mutex::default(),
             synced_cv: Condvar::new(),
+            recorded: Mutex::default(),
             unrecorded: Mutex::default(),
             poisoned: Mutex::default(),
             last_adoption: Mutex::default(),
@@ -401,15 +405,11 @@ impl Journal {
         }
         // Bodies' records get retirement records too: a body that stays (its shard was
         // written another way while some of its records are still live) must not bring
-        // the retired ones back at replay. A body already gone (it became its shard, or
-        // was removed) needs none.
+        // the retired ones back at replay (`own_ids`).
+        let own = self.own_ids(refs);
         let own: Vec<u64> = {
-            let bodies = lock(&self.bodies);
-            refs.iter()
-                .filter(|r| journal_id(&r.segment).as_deref() == Some(self.id.as_str()))
-                .filter(|r| !body::is_body(&r.segment) || bodies.contains_key(&r.segment))
-                .map(|r| r.id)
-                .collect()
+            let mut recorded = lock(&self.recorded);
+            own.into_iter().filter(|id| !recorded.remove(id)).collect()
         };
         // Retired in memory either way (their segments may go, which is safe); but until
         // the retirement is recorded, every sync fails (`record_retirements`).
@@ -430,6 +430,55 @@ impl Journal {
             }
         }
         self.retire_empty();
+    }
+
+    /// The ids of `refs` whose retirement this journal records: its own records, in
+    /// segments or in bodies still in the journal. A body already gone (it became its shard,
+    /// or was removed) needs none.
+    fn own_ids(&self, refs: &[RecordRef]) -> Vec<u64> {
+        let bodies = lock(&self.bodies);
+        refs.iter()
+            .filter(|r| journal_id(&r.segment).as_deref() == Some(self.id.as_str()))
+            .filter(|r| !body::is_body(&r.segment) || bodies.contains_key(&r.segment))
+            .map(|r| r.id)
+            .collect()
+    }
+
+    /// Records the retirement of `refs` and syncs it, before returning: for a shard write
+    /// that makes them obsolete, while it still holds the shard's key lock. Anyone who
+    /// writes the shard next (tensorstore, which puts no stamps in shards, so replay could
+    /// not tell its write from an older one) writes after the retirement is durable, and a
+    /// power cut can never bring the records back over that write. The records stay live
+    /// in memory until `retire`, which then records nothing more for them. Returns whether
+    /// the retirement is durable.
+    pub fn retire_durably(&self, refs: &[RecordRef]) -> bool {
+        let ids = self.own_ids(refs);
+        if ids.is_empty() {
+            return true;
+        }
+        let done = self
+            .record_retirements(ids.clone())
+            .and_then(|()| self.sync_all());
+        match done {
+            Ok(()) => {
+                lock(&self.recorded).extend(ids);
+                true
+            }
+            Err(e) => {
+                warn!(
+                    "journal retirement not made durable before the shard's lock was let go: {e}"
+                );
+                false
+            }
+        }
+    }
+
+    /// Whether everything appended so far is synced (tests: a retirement must be durable
+    /// before anyone may supersede what it retires).
+    #[cfg(test)]
+    pub fn all_synced(&self) -> bool {
+        let sync = lock(&self.sync);
+        sync.synced >= sync.written && lock(&self.unrecorded).is_empty()
     }
 
     /// Removes the segments that hold nothing live, oldest first.

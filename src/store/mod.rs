@@ -148,6 +148,14 @@ pub struct Listing {
     pub unlisted: Vec<String>,
 }
 
+/// What a write must see done once it is durable and before anyone else may write its key:
+/// the retirement of the journal records it makes obsolete. A writer that came next and
+/// wrote no stamps (tensorstore beside a mount) could otherwise be undone after a power cut
+/// by their replay. A store of directories runs it under the key lock, after syncing the
+/// new file and its directories; an object store, whose write is durable once answered
+/// and which has no key locks (writers there are ordered by the stamps), after the write.
+pub type OnDurable<'a> = Option<&'a mut dyn FnMut()>;
+
 /// Keys are paths relative to the store's root, `/`-separated; an object store takes only
 /// UTF-8 keys (EINVAL otherwise).
 pub trait Store: Send + Sync + Debug {
@@ -219,14 +227,21 @@ pub trait Store: Send + Sync + Debug {
     /// `put` of a key below the directory `within` (its array), which a store of
     /// directories never makes: one moved away meanwhile fails the write (ENOENT) instead
     /// of being made again at its old path. Stores without directories ignore it.
+    /// With `on_durable`, the write is made durable (content and name) and `on_durable`
+    /// runs before anyone else may write the key (see `OnDurable`).
     fn put_within(
         &self,
         _within: crate::backing::lock::Within,
         key: &Path,
         parts: &[Bytes],
         when: Precondition,
+        on_durable: OnDurable,
     ) -> Result<ObjectInfo, StoreError> {
-        self.put(key, parts, when)
+        let info = self.put(key, parts, when)?;
+        if let Some(then) = on_durable {
+            then();
+        }
+        Ok(info)
     }
     /// `delete`, for a key below `within` (as `put_within`).
     fn delete_within(
@@ -234,8 +249,13 @@ pub trait Store: Send + Sync + Debug {
         _within: crate::backing::lock::Within,
         key: &Path,
         when: Precondition,
+        on_durable: OnDurable,
     ) -> Result<bool, StoreError> {
-        self.delete(key, when)
+        let removed = self.delete(key, when)?;
+        if let Some(then) = on_durable {
+            then();
+        }
+        Ok(removed)
     }
     /// The directories and objects directly below `dir` ("" for the top).
     fn list(&self, dir: &Path) -> Result<Listing, StoreError>;

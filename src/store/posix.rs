@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::{Blob, Listing, ObjectInfo, Piece, Precondition, Store, StoreError};
+use super::{Blob, Listing, ObjectInfo, OnDurable, Piece, Precondition, Store, StoreError};
 use crate::backing::lock::{Durability, LOCK_SUFFIX, Within};
 use crate::backing::{Backing, EntryKind, is_absent, mtime_of};
 use crate::shard::ReadAt;
@@ -47,7 +47,7 @@ impl Store for Backing {
         parts: &[Bytes],
         when: Precondition,
     ) -> Result<ObjectInfo, StoreError> {
-        self.put_within(Within::path(Path::new("")), key, parts, when)
+        self.put_within(Within::path(Path::new("")), key, parts, when, None)
     }
 
     fn put_within(
@@ -56,14 +56,19 @@ impl Store for Backing {
         key: &Path,
         parts: &[Bytes],
         when: Precondition,
+        on_durable: OnDurable,
     ) -> Result<ObjectInfo, StoreError> {
         let (lock, current) = locked_if(self, within, key, &when)?;
-        let durability = if current.is_some() {
+        let durability = if current.is_some() || on_durable.is_some() {
             Durability::DataBeforeRename
         } else {
             Durability::Later
         };
         let (meta, generation) = lock.replace(parts, durability)?;
+        if let Some(then) = on_durable {
+            self.sync_dir_chain(lock.dir_rel())?;
+            then();
+        }
         Ok(info_of(&meta, generation))
     }
 
@@ -123,7 +128,7 @@ impl Store for Backing {
     }
 
     fn delete(&self, key: &Path, when: Precondition) -> Result<bool, StoreError> {
-        self.delete_within(Within::path(Path::new("")), key, when)
+        self.delete_within(Within::path(Path::new("")), key, when, None)
     }
 
     fn delete_within(
@@ -131,10 +136,17 @@ impl Store for Backing {
         within: Within,
         key: &Path,
         when: Precondition,
+        on_durable: OnDurable,
     ) -> Result<bool, StoreError> {
         let (lock, _) = locked_if(self, within, key, &when)?;
         let dir = lock.dir_rel().to_path_buf();
         let removed = lock.remove()?;
+        if let Some(then) = on_durable {
+            self.sync_dir_chain(&dir)?;
+            then();
+        }
+        // The lock file goes first: the directory may be empty then.
+        drop(lock);
         self.prune_empty_dirs(&dir, dir.ancestors().last().unwrap_or(&dir));
         Ok(removed)
     }

@@ -396,6 +396,7 @@ pub(crate) mod tests {
 
     use super::*;
     use crate::backing::Backing;
+    use crate::backing::lock::Durability;
     use crate::core::fs::namespace::Caller;
     use crate::core::shards::PANIC_IN_SHARD_WRITE;
     use crate::core::{DaemonInfo, ROOT};
@@ -445,6 +446,93 @@ pub(crate) mod tests {
         fs.write(chunk.fh, 0, b"xy").unwrap();
         fs.release(chunk.fh).unwrap();
         (dir, fs)
+    }
+
+    /// A core with a journal over BACKING `dir` (two chunks per shard, shards written as
+    /// soon as they are idle), holding array `a` whose shard holds chunk 1, and chunk 0
+    /// written, fsynced (a record in the journal's segments: the shard exists) and closed.
+    fn journaled_core_with_fsynced_chunk(dir: &Path) -> ShardFs {
+        let config = crate::core::WriteConfig {
+            policy: crate::zarr::ShardPolicy::Explicit("2".parse().unwrap()),
+            idle_flush: std::time::Duration::ZERO,
+            ..Default::default()
+        };
+        let backing = Backing::new(dir.to_path_buf()).unwrap();
+        let fs = ShardFs::with_config(backing, DaemonInfo::default(), config)
+            .with_journal()
+            .unwrap();
+        let caller = Caller::daemon();
+        let a = fs.mkdir(ROOT, OsStr::new("a"), 0o755, caller).unwrap().ino;
+        let doc = OsStr::new("zarr.json");
+        let (_, meta) = fs.create(a, doc, 0o644, libc::O_WRONLY, caller).unwrap();
+        fs.write(meta.fh, 0, ARRAY.as_bytes()).unwrap();
+        fs.release(meta.fh).unwrap();
+        let c = fs.mkdir(a, OsStr::new("c"), 0o755, caller).unwrap().ino;
+        let (_, chunk) = fs
+            .create(c, OsStr::new("1"), 0o644, libc::O_WRONLY, caller)
+            .unwrap();
+        fs.write(chunk.fh, 0, b"ab").unwrap();
+        fs.release(chunk.fh).unwrap();
+        assert!(fs.flush_all().is_empty());
+        let (attr, chunk) = fs
+            .create(c, OsStr::new("0"), 0o644, libc::O_WRONLY, caller)
+            .unwrap();
+        fs.write(chunk.fh, 0, b"xy").unwrap();
+        fs.fsync(attr.ino, Some(chunk.fh)).unwrap();
+        fs.release(chunk.fh).unwrap();
+        fs
+    }
+
+    /// A shard write that retires a journal record makes the retirement durable before it
+    /// lets go of the shard's key lock: tensorstore, which takes that lock next and puts no
+    /// stamps in its shards, removes the chunk, and a power cut then must not bring the
+    /// record back over its removal at the next mount's replay.
+    #[test]
+    fn a_retirement_is_durable_before_anyone_may_supersede_the_chunk() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = journaled_core_with_fsynced_chunk(dir.path());
+        // The idle flusher's shard write, alone (the pass would go on to sync what it
+        // wrote, and retire the record then).
+        for p in fs.shards.pending() {
+            fs.write_pending(&p, crate::core::shards::WriteMode::Settled)
+                .unwrap();
+        }
+        assert!(dir.path().join("a/c/0").is_file(), "the shard is written");
+        // tensorstore takes the shard's lock the moment the mount lets go of it.
+        let native = Backing::new(dir.path().to_path_buf()).unwrap();
+        let tensorstore = native.lock_key(Path::new("a/c/0")).unwrap();
+        let journal = fs.shards.journal().unwrap().clone();
+        assert!(journal.all_synced(), "the retirement waits for a sync");
+        // It writes the fill value over chunk 0: its shard holds chunk 1 alone (and no
+        // stamps), which is what the shard held at chunk 0 when the record was made.
+        let mut index = Vec::new();
+        for (offset, nbytes) in [(u64::MAX, u64::MAX), (0, 2)] {
+            index.extend_from_slice(&offset.to_le_bytes());
+            index.extend_from_slice(&nbytes.to_le_bytes());
+        }
+        let crc = crc32c::crc32c(&index).to_le_bytes();
+        let shard = [b"ab".as_slice(), &index, &crc].concat();
+        tensorstore
+            .replace(&[bytes::Bytes::from(shard.clone())], Durability::Now)
+            .unwrap();
+        drop(tensorstore);
+        // The power goes: what is on disk is what was synced, which is everything (above).
+        // The daemon is gone with it (its journal's lock too); the next mount replays.
+        drop(fs);
+        drop(journal);
+        let next = ShardFs::with_config(
+            Backing::new(dir.path().to_path_buf()).unwrap(),
+            DaemonInfo::default(),
+            crate::core::WriteConfig::default(),
+        )
+        .with_journal()
+        .unwrap();
+        next.replay_journals().unwrap();
+        assert_eq!(
+            std::fs::read(dir.path().join("a/c/0")).unwrap(),
+            shard,
+            "the retired record came back over tensorstore's removal"
+        );
     }
 
     #[test]

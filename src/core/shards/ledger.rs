@@ -90,6 +90,23 @@ impl Ledger {
         });
     }
 
+    /// The records at `positions` that a shard write stamped `stamp` makes obsolete
+    /// whatever comes after it (those stamped before it), left in the ledger (`covered`
+    /// takes them out once the write is settled).
+    pub(crate) fn before(
+        &self,
+        positions: impl IntoIterator<Item = usize>,
+        stamp: u64,
+    ) -> Vec<RecordRef> {
+        positions
+            .into_iter()
+            .filter_map(|pos| self.by_pos.get(&pos))
+            .flatten()
+            .filter(|e| e.stamp < stamp)
+            .map(|e| e.record.clone())
+            .collect()
+    }
+
     /// A shard write stamped `stamp` took position `pos`; `settled`: nothing newer is
     /// pending there since. Takes out the records that write makes obsolete, to be retired
     /// once it is durable: every one when settled (the position's latest state is in the

@@ -328,6 +328,12 @@ impl ShardRegistry {
         }
     }
 
+    /// Records and syncs the retirement of `records` now (`Journal::retire_durably`).
+    /// Returns whether it is durable (no journal: nothing to retire).
+    pub(crate) fn retire_durably(&self, records: &[crate::journal::RecordRef]) -> bool {
+        self.journal().is_none_or(|j| j.retire_durably(records))
+    }
+
     /// A shard of `array` was written (or removed) without being made durable; `records`
     /// wait on it.
     fn note_unsynced(
@@ -376,7 +382,11 @@ impl ShardRegistry {
                 None => synced,
             };
             match synced {
-                Ok(()) => self.retire(u.records),
+                Ok(()) => {
+                    // Durably: what this retires may be superseded by anyone from now on.
+                    self.retire_durably(&u.records);
+                    self.retire(u.records)
+                }
                 Err(e) => {
                     first_error.get_or_insert(FsError::from(e));
                     let mut unsynced = lock(&self.unsynced);

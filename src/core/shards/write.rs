@@ -26,7 +26,7 @@ use crate::journal::Journal;
 use crate::journal::RecordRef;
 use crate::journal::body::Finishing;
 use crate::shard::{ChunkRange, IndexFormat, IndexLocation, ShardBuilder, ShardIndex};
-use crate::store::{ObjectInfo, Precondition, StoreError};
+use crate::store::{ObjectInfo, OnDurable, Precondition, StoreError};
 use crate::sync::lock;
 
 /// What a shard write includes. Every shard write is durable: file synced, then renamed,
@@ -59,6 +59,9 @@ struct Taken {
     /// Positions done when taken: a complete write ends their round.
     done: BTreeSet<usize>,
     cached: Option<StoredIndex>,
+    /// The journal records the write makes obsolete (`Ledger::before`): their retirement
+    /// is made durable before the shard's key is let go (`OnDurable`).
+    obsolete: Vec<RecordRef>,
 }
 
 /// What goes into the new file (every pending chunk with `take_all`, else the settled
@@ -86,8 +89,11 @@ fn choose(reg: &ShardRegistry, slot: &ShardSlot, take_all: bool) -> Option<Taken
                 .map(|p| (*p, st.removed_at.get(p).copied().unwrap_or(0))),
         )
         .collect();
+    let stamp = reg.stamp();
+    let positions = chosen.iter().map(|c| c.0).chain(st.deleted.iter().copied());
     Some(Taken {
-        stamp: reg.stamp(),
+        stamp,
+        obsolete: st.ledger.before(positions.collect::<BTreeSet<_>>(), stamp),
         times,
         chosen,
         deleted: st.deleted.clone(),
@@ -244,6 +250,7 @@ impl ShardRegistry {
             times: &taken.times,
             cached: taken.cached.as_ref().filter(|_| !moved),
             mode,
+            obsolete: &taken.obsolete,
         };
         let result = self.run_job(&job, journal.as_deref(), finishing, in_body);
         // The slot's cached index is of the shard at its own path.
@@ -402,6 +409,7 @@ struct ShardJob<'a> {
     times: &'a BTreeMap<usize, u64>,
     cached: Option<&'a StoredIndex>,
     mode: WriteMode,
+    obsolete: &'a [RecordRef],
 }
 
 /// A shard job with its own lists (`ShardJob::without_later`).
@@ -542,9 +550,20 @@ impl ShardJob<'_> {
             (Some(open), _) => Precondition::Matches(open.stored.version.to_string()),
             (None, _) => Precondition::Absent,
         };
+        // A write that makes journal records obsolete is made durable at once, and their
+        // retirement too, before anyone else may write the shard (`OnDurable`).
+        let mut retire = || {
+            reg.retire_durably(self.obsolete);
+        };
+        let on_durable: OnDurable = match reg.journal() {
+            Some(_) if !self.obsolete.is_empty() => Some(&mut retire),
+            _ => None,
+        };
+        // An object store's answer is durable; a directory wants a sync.
+        let durable = on_durable.is_some() || !reg.store_is_backing;
         let Some(encoded) = builder.build() else {
             if store
-                .delete_within(self.within, self.rel, when)
+                .delete_within(self.within, self.rel, when, on_durable)
                 .map_err(store_err)?
             {
                 Stats::add(&reg.stats.shards_deleted, 1);
@@ -553,8 +572,7 @@ impl ShardJob<'_> {
             return Ok(Written {
                 stored: None,
                 from_body: false,
-                // An object store's answer is durable; a directory wants a sync.
-                durable: !reg.store_is_backing,
+                durable,
             });
         };
         // A sync costs only what was asked for: in a directory, a shard that replaces one
@@ -562,10 +580,11 @@ impl ShardJob<'_> {
         // new one is not. Either is made durable later, when a writer's fsync, the
         // background pass or the unmount asks (`ShardRegistry::make_durable`).
         let info = store
-            .put_within(self.within, self.rel, encoded.buffers(), when)
+            .put_within(self.within, self.rel, encoded.buffers(), when, on_durable)
             .map_err(store_err)?;
         debug!(shard = %self.rel.display(), bytes = encoded.len(), mode = ?self.mode, "shard written");
         let mut written = self.written(reg, encoded.len(), info, encoded.index().clone());
+        written.durable = durable;
         if let (Some(open), Some(new)) = (&current, written.stored.as_mut()) {
             new.kept = StoredIndex::lineage_after(&open.stored, &self.kept_from(&open.stored));
         }
@@ -660,6 +679,11 @@ impl ShardJob<'_> {
             warn!(shard = %self.rel.display(), "shard written, left the daemon's: {e}");
         }
         let durable = self.body_moved_durably(key.dir_rel());
+        // Records of the shard's positions outside the body retire durably under the key
+        // lock, as every write's do (`OnDurable`).
+        if durable {
+            reg.retire_durably(self.obsolete);
+        }
         let info = body.info()?;
         Stats::add(&reg.stats.shards_from_bodies, 1);
         debug!(shard = %self.rel.display(), bytes = body.len(), mode = ?self.mode, "shard written from its body");
