@@ -462,3 +462,39 @@ fn zarr_v2_arrays_become_sharded_v3_arrays_with_their_chunks_bytes() {
     );
     assert!(!dir.path().join("none").exists(), "nothing written");
 }
+
+/// A bind mount, unmounted (lazily) when dropped, passing or not.
+struct BindMount(PathBuf);
+
+impl Drop for BindMount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// A DST reached through a bind mount of a directory inside SRC lies inside SRC, though
+/// no path says so: refused as overlapping (compared by device and inode), nothing written.
+#[test]
+fn a_dst_bind_mounted_from_inside_src_overlaps() {
+    let (dir, src) = source();
+    let pristine = contents(&src);
+    let point = dir.path().join("elsewhere");
+    std::fs::create_dir(&point).unwrap();
+    let bound = std::process::Command::new("mount")
+        .arg("--bind")
+        .arg(src.join("zp"))
+        .arg(&point)
+        .status()
+        .unwrap();
+    assert!(bound.success(), "mount --bind");
+    let _guard = BindMount(point.clone());
+    for dst in [point.join("out"), point.clone()] {
+        let out = shardfs(&["pack", s(&src), s(&dst)]);
+        assert_eq!(out.status.code(), Some(2), "{dst:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains("overlap"), "{}", stderr(&out));
+    }
+    assert_eq!(contents(&src), pristine, "nothing written into SRC");
+}

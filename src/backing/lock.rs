@@ -84,6 +84,13 @@ impl<'a> Within<'a> {
     }
 }
 
+/// Whether taking a key lock waits for its holder.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    Yes,
+    No,
+}
+
 /// An exclusive lock on one key of BACKING, held until dropped.
 #[derive(Debug)]
 pub struct KeyLock {
@@ -104,8 +111,41 @@ impl Backing {
     /// `lock_key`, for a key below `within`, which it never makes
     /// (`Backing::create_dir_all_within`).
     pub fn lock_key_within(&self, rel: &Path, within: Within) -> io::Result<KeyLock> {
-        let (dir_rel, name) = split(rel)?;
+        let (dir_rel, _) = split(rel)?;
         self.create_dir_all_within(dir_rel, within.rel)?;
+        self.lock_existing_key(rel, within, Wait::Yes)?
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EBUSY))
+    }
+
+    /// Removes the staged file `name` (`.KEY.shardfs-staged`) in `dir_rel` if nobody holds
+    /// its key's lock: a writer killed mid-write left it. A held one (a writer at work)
+    /// stays.
+    pub fn remove_stale_staged(&self, dir_rel: &Path, name: &OsStr) -> io::Result<()> {
+        let Some(key) = name.to_str().and_then(key_of_staged) else {
+            return Ok(());
+        };
+        let rel = super::join_rel(dir_rel, OsStr::new(key));
+        match self.lock_existing_key(&rel, Within::path(Path::new("")), Wait::No) {
+            Ok(Some(lock)) => {
+                let _ = rustix::fs::unlinkat(&lock.dir, name, AtFlags::empty());
+                Ok(())
+            }
+            Ok(None) => Ok(()),
+            // Not ours to remove: left as it is.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EROFS)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The key lock of `rel`, whose directory exists; `Ok(None)`: someone else holds it and
+    /// `wait` says not to wait.
+    fn lock_existing_key(
+        &self,
+        rel: &Path,
+        within: Within,
+        wait: Wait,
+    ) -> io::Result<Option<KeyLock>> {
+        let (dir_rel, name) = split(rel)?;
         let dir = self.dir(dir_rel)?;
         if let Some(id) = within.dir {
             let depth = dir_rel
@@ -125,14 +165,30 @@ impl Backing {
             )
             .map_err(errno)?;
             let file = File::from(fd);
-            lock_exclusive(&file, start)?;
+            match wait {
+                Wait::Yes => lock_exclusive(&file, start)?,
+                Wait::No if try_lock(&file)? => {}
+                Wait::No => return Ok(None),
+            }
             // Still the file that bears the lock's name? Else its holder renamed or removed
             // it while we waited: our lock guards nothing.
             let held = file.metadata()?;
-            // The lock file is removed when the lock ends: one with another name too (a hard
-            // link to a file someone chose, where the kernel allows linking others' files)
-            // is somebody's file, not a lock. Such a name is taken away and made anew.
-            if !held.is_file() || std::os::unix::fs::MetadataExt::nlink(&held) != 1 {
+            let links = std::os::unix::fs::MetadataExt::nlink(&held);
+            // Still the file that bears the lock's name? Else its holder renamed (tensorstore)
+            // or removed (shardfs) it while we waited: our lock guards nothing.
+            let named =
+                match rustix::fs::statat(&dir, lock_name.as_os_str(), AtFlags::SYMLINK_NOFOLLOW) {
+                    Ok(st) => links > 0 && st.st_ino == std::os::unix::fs::MetadataExt::ino(&held),
+                    Err(rustix::io::Errno::NOENT) => false,
+                    Err(e) => return Err(errno(e)),
+                };
+            if !named {
+                continue;
+            }
+            // Locked and named so: one with another name too (a hard link to a file someone
+            // chose, where the kernel allows linking others' files) or not a plain file is
+            // somebody's file, not a lock. It is taken away (under its lock) and made anew.
+            if !held.is_file() || links != 1 {
                 replaced += 1;
                 if replaced > 16 {
                     return Err(io::Error::other("a key's lock file keeps being replaced"));
@@ -142,19 +198,13 @@ impl Backing {
                 let _ = rustix::fs::unlinkat(&dir, lock_name.as_os_str(), AtFlags::empty());
                 continue;
             }
-            match rustix::fs::statat(&dir, lock_name.as_os_str(), AtFlags::SYMLINK_NOFOLLOW) {
-                Ok(st) if st.st_ino == std::os::unix::fs::MetadataExt::ino(&held) => {
-                    return Ok(KeyLock {
-                        dir,
-                        dir_rel: dir_rel.to_path_buf(),
-                        name: name.to_os_string(),
-                        lock_name,
-                        _lock_file: file,
-                    });
-                }
-                Ok(_) | Err(rustix::io::Errno::NOENT) => continue,
-                Err(e) => return Err(errno(e)),
-            }
+            return Ok(Some(KeyLock {
+                dir,
+                dir_rel: dir_rel.to_path_buf(),
+                name: name.to_os_string(),
+                lock_name,
+                _lock_file: file,
+            }));
         }
     }
 }
@@ -327,16 +377,30 @@ fn staged_name(name: &OsStr) -> OsString {
     use std::os::unix::ffi::{OsStrExt, OsStringExt};
     const SUFFIX: &[u8] = STAGED_SUFFIX.as_bytes();
     let bytes = name.as_bytes();
-    let keep = bytes.len().min(255 - 1 - SUFFIX.len());
-    let mut staged = Vec::with_capacity(1 + keep + SUFFIX.len());
+    let mut staged = Vec::with_capacity(255);
     staged.push(b'.');
-    staged.extend_from_slice(&bytes[..keep]);
+    if 1 + bytes.len() + SUFFIX.len() <= 255 {
+        staged.extend_from_slice(bytes);
+    } else {
+        // Cut, and told apart from other long names that begin alike by a checksum of the
+        // whole name: two keys never share a staged file.
+        let sum = format!("-{:08x}", crc32c::crc32c(bytes));
+        staged.extend_from_slice(&bytes[..255 - 1 - SUFFIX.len() - sum.len()]);
+        staged.extend_from_slice(sum.as_bytes());
+    }
     staged.extend_from_slice(SUFFIX);
     OsString::from_vec(staged)
 }
 
 /// The suffix of the file a key's next content is staged in (`create_staged`).
 pub const STAGED_SUFFIX: &str = ".shardfs-staged";
+
+/// The key whose staged file `name` is (`.KEY.shardfs-staged`), if it is one.
+pub fn key_of_staged(name: &str) -> Option<&str> {
+    name.strip_prefix('.')?
+        .strip_suffix(STAGED_SUFFIX)
+        .filter(|key| !key.is_empty())
+}
 
 /// Takes an exclusive open-file-description lock on the whole file without waiting.
 /// Returns whether it was taken (someone else holds it otherwise).
@@ -490,12 +554,42 @@ mod tests {
         assert_eq!(names, ["0"]);
     }
 
+    /// A waiter that locked the file its holder removed (nlink 0) starts again; it never
+    /// takes away the lock file someone took meanwhile, which would let two hold the key.
+    #[test]
+    fn a_waiter_on_a_removed_lock_file_never_shares_the_key() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let root = tempfile::tempdir().unwrap();
+        let b = std::sync::Arc::new(Backing::new(root.path().to_path_buf()).unwrap());
+        let first = b.lock_key(Path::new("c/0")).unwrap();
+        let waiter_has_it = std::sync::Arc::new(AtomicBool::new(false));
+        let waiter = {
+            let (b, has_it) = (b.clone(), waiter_has_it.clone());
+            std::thread::spawn(move || {
+                let lock = b.lock_key(Path::new("c/0")).unwrap();
+                has_it.store(true, Ordering::SeqCst);
+                drop(lock);
+            })
+        };
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        drop(first);
+        // Taken at once by another, before the waiter's next try.
+        let second = b.lock_key(Path::new("c/0")).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        assert!(!waiter_has_it.load(Ordering::SeqCst), "two hold one key");
+        drop(second);
+        waiter.join().unwrap();
+        assert!(waiter_has_it.load(Ordering::SeqCst));
+    }
+
     #[test]
     fn a_staged_name_always_fits() {
         let long = OsString::from("x".repeat(255));
         let staged = staged_name(&long);
         assert_eq!(staged.len(), 255);
         assert!(staged.to_string_lossy().ends_with(STAGED_SUFFIX));
+        let other = OsString::from("x".repeat(254) + "y");
+        assert_ne!(staged_name(&other), staged, "long keys that begin alike");
         assert_eq!(staged_name(OsStr::new("0")), ".0.shardfs-staged");
     }
 }

@@ -325,8 +325,51 @@ fn nested(src: &str, dst: &str) -> Option<String> {
         ),
         _ => return None,
     };
-    (a.starts_with(&b) || b.starts_with(&a))
+    let by_path = a.starts_with(&b) || b.starts_with(&a);
+    let by_identity = || {
+        let local = !is_object_url(src);
+        local
+            && (holds_dir_of(&a, &nearest_existing(&b)) || holds_dir_of(&b, &nearest_existing(&a)))
+    };
+    (by_path || by_identity())
         .then(|| format!("{src} and {dst} overlap: one lies inside the other"))
+}
+
+/// `path` itself, or the nearest directory above it that exists (where `mkdir -p` would
+/// begin).
+fn nearest_existing(path: &Path) -> PathBuf {
+    path.ancestors()
+        .find(|p| p.exists())
+        .unwrap_or(Path::new("/"))
+        .to_path_buf()
+}
+
+/// Whether the tree at `top` holds the directory `inner` (compared by device and inode: a
+/// bind mount shows a directory of the tree under another path, which no path comparison
+/// sees). Links are not followed, as the conversions follow none.
+fn holds_dir_of(top: &Path, inner: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(wanted) = std::fs::metadata(inner).map(|m| (m.dev(), m.ino())) else {
+        return false;
+    };
+    let mut stack = vec![top.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(meta) = std::fs::symlink_metadata(&dir) else {
+            continue;
+        };
+        if (meta.dev(), meta.ino()) == wanted {
+            return true;
+        }
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(entry.path());
+            }
+        }
+    }
+    false
 }
 
 /// An object store URL as a path (scheme, bucket, then the prefix's parts).

@@ -197,9 +197,10 @@ pub(crate) enum ArrayName {
     Key(KeyNode),
     /// Shaped like a key (digits and separators) but not a valid one, or outside the grid.
     BadKey,
-    /// The lock file of a shard (`KEY.__lock`, see `crate::backing::lock`): BACKING's own
-    /// is never shown (its name may equal a writer's temporary file in the view, which is
-    /// held in memory instead).
+    /// The lock file of a shard (`KEY.__lock`, see `crate::backing::lock`) or its staged
+    /// next content (`.KEY.shardfs-staged`): BACKING's own is never shown (a lock file's
+    /// name may equal a writer's temporary file in the view, which is held in memory
+    /// instead).
     ShardLock,
     /// Anything else: a temporary file's name, or an extra file of BACKING.
     Other,
@@ -220,7 +221,10 @@ impl ArrayState {
                 ArrayName::BadKey
             };
         }
-        if let Some(stem) = name.strip_suffix(crate::backing::lock::LOCK_SUFFIX)
+        let stem = name
+            .strip_suffix(crate::backing::lock::LOCK_SUFFIX)
+            .or_else(|| crate::backing::lock::key_of_staged(name));
+        if let Some(stem) = stem
             && matches!(self.classify_name(parent, stem), ArrayName::Key(_))
         {
             return ArrayName::ShardLock;

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::{Blob, Listing, ObjectInfo, OnDurable, Piece, Precondition, Store, StoreError};
-use crate::backing::lock::{Durability, LOCK_SUFFIX, Within};
+use crate::backing::lock::{Durability, LOCK_SUFFIX, Within, key_of_staged};
 use crate::backing::{Backing, EntryKind, is_absent, mtime_of};
 use crate::shard::ReadAt;
 
@@ -121,6 +121,8 @@ impl Store for Backing {
                     stack.push(d.join(&entry.name));
                 } else if name.ends_with(LOCK_SUFFIX) {
                     self.remove_stale_lock(&d, &entry.name)?;
+                } else if key_of_staged(&name).is_some() {
+                    self.remove_stale_staged(&d, &entry.name)?;
                 }
             }
         }
@@ -162,7 +164,10 @@ impl Store for Backing {
             };
             if entry.kind.is_dir() {
                 listing.dirs.push(name.to_string());
-            } else if entry.kind == EntryKind::File && !name.ends_with(LOCK_SUFFIX) {
+            } else if entry.kind == EntryKind::File
+                && !name.ends_with(LOCK_SUFFIX)
+                && key_of_staged(name).is_none()
+            {
                 listing.objects.push(name.to_string());
             } else if entry.kind != EntryKind::File {
                 listing.unlisted.push(self.describe(&dir.join(name)));

@@ -79,7 +79,9 @@ pub fn leftovers(dir: &Path) -> Vec<PathBuf> {
         .into_keys()
         .filter(|k| {
             let name = k.file_name().unwrap().to_string_lossy();
-            name == ".shardfs-pack.json" || name.ends_with(".__lock")
+            name == ".shardfs-pack.json"
+                || name.ends_with(".__lock")
+                || name.ends_with(".shardfs-staged")
         })
         .collect()
 }

@@ -104,7 +104,7 @@ def main(shardfs, pristine, work, trials, seed, *command):
             break
         reads_equal(expected, root)
         leftovers = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs
-                     if f == ".shardfs-pack.json" or f.endswith(".__lock")]
+                     if f == ".shardfs-pack.json" or f.endswith((".__lock", ".shardfs-staged"))]
         assert not leftovers, leftovers
         if trial % 10 == 0 and all(np.array_equal(expected[n], zarr.open_array(
                 os.path.join(pristine, n), mode="r")[...]) for n in names):
