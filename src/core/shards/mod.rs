@@ -373,6 +373,7 @@ impl ShardRegistry {
                 .collect()
         };
         let mut first_error = None;
+        let mut retiring = Vec::new();
         for (key, u) in picked {
             // A failed sync is never retried into a success (`Journal::synced`): once one
             // failed, nothing retires, and the records wait for a new mount's replay.
@@ -382,11 +383,7 @@ impl ShardRegistry {
                 None => synced,
             };
             match synced {
-                Ok(()) => {
-                    // Durably: what this retires may be superseded by anyone from now on.
-                    self.retire_durably(&u.records);
-                    self.retire(u.records)
-                }
+                Ok(()) => retiring.extend(u.records),
                 Err(e) => {
                     first_error.get_or_insert(FsError::from(e));
                     let mut unsynced = lock(&self.unsynced);
@@ -399,6 +396,9 @@ impl ShardRegistry {
                 }
             }
         }
+        // Durably (one sync for all): what this retires may be superseded by anyone now.
+        self.retire_durably(&retiring);
+        self.retire(retiring);
         first_error.map_or(Ok(()), Err)
     }
 
