@@ -483,6 +483,97 @@ pub(crate) mod tests {
         fs
     }
 
+    /// A shard write that begins while an fsync's record is being appended waits until the
+    /// record is booked, and so retires it durably under the key lock too (it was retired
+    /// later, outside the lock, by the fsync itself): tensorstore, writing the chunk back to
+    /// what it was in between, would be undone by a replay after a power cut.
+    #[test]
+    fn a_shard_write_racing_an_fsync_retires_its_record_durably() {
+        use crate::core::shards::PAUSE_BEFORE_APPEND;
+        let dir = tempfile::tempdir().unwrap();
+        let fs = std::sync::Arc::new(journaled_core_with_fsynced_chunk(dir.path()));
+        // Chunk 0 again, fsynced by another thread that stops before its append.
+        let a = fs.lookup(ROOT, OsStr::new("a")).unwrap().ino;
+        let c = fs.lookup(a, OsStr::new("c")).unwrap().ino;
+        let (attr, chunk) = fs
+            .create(c, OsStr::new("0"), 0o644, libc::O_WRONLY, Caller::daemon())
+            .unwrap();
+        fs.write(chunk.fh, 0, b"zz").unwrap();
+        let barrier = std::sync::Arc::new(std::sync::Barrier::new(2));
+        let fsync = {
+            let (fs, barrier) = (fs.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                PAUSE_BEFORE_APPEND.set(Some(barrier));
+                fs.fsync(attr.ino, Some(chunk.fh)).unwrap();
+            })
+        };
+        barrier.wait();
+        let write = {
+            let fs = fs.clone();
+            std::thread::spawn(move || {
+                for p in fs.shards.pending() {
+                    fs.write_pending(&p, crate::core::shards::WriteMode::Everything)
+                        .unwrap();
+                }
+            })
+        };
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        barrier.wait();
+        // The record is booked; the fsync has not yet made anything else durable.
+        barrier.wait();
+        write.join().unwrap();
+        // The shard write is over and its key free: tensorstore may write it now. Nothing
+        // that write made obsolete may be live in the journal, nor anything unsynced.
+        let journal = fs.shards.journal().unwrap().clone();
+        assert_eq!(
+            journal.report().live_records,
+            0,
+            "a record live behind the shard write"
+        );
+        assert!(journal.all_synced());
+        barrier.wait();
+        fsync.join().unwrap();
+        fs.release(chunk.fh).unwrap();
+        supersede_and_cut_the_power(dir.path(), fs);
+    }
+
+    /// tensorstore takes the lock of `a`'s shard the moment the mount lets go of it, and
+    /// writes chunk 0 back to its earlier state (absent; no stamps); the power goes (with
+    /// everything synced, asserted, the files are what a cut leaves); the next mount
+    /// replays, and must leave tensorstore's shard as it is.
+    fn supersede_and_cut_the_power(dir: &Path, fs: std::sync::Arc<ShardFs>) {
+        let native = Backing::new(dir.to_path_buf()).unwrap();
+        let tensorstore = native.lock_key(Path::new("a/c/0")).unwrap();
+        let journal = fs.shards.journal().unwrap().clone();
+        assert!(journal.all_synced(), "the retirement waits for a sync");
+        let mut index = Vec::new();
+        for (offset, nbytes) in [(u64::MAX, u64::MAX), (0, 2)] {
+            index.extend_from_slice(&offset.to_le_bytes());
+            index.extend_from_slice(&nbytes.to_le_bytes());
+        }
+        let crc = crc32c::crc32c(&index).to_le_bytes();
+        let shard = [b"ab".as_slice(), &index, &crc].concat();
+        tensorstore
+            .replace(&[bytes::Bytes::from(shard.clone())], Durability::Now)
+            .unwrap();
+        drop(tensorstore);
+        drop(fs);
+        drop(journal);
+        let next = ShardFs::with_config(
+            Backing::new(dir.to_path_buf()).unwrap(),
+            DaemonInfo::default(),
+            crate::core::WriteConfig::default(),
+        )
+        .with_journal()
+        .unwrap();
+        next.replay_journals().unwrap();
+        assert_eq!(
+            std::fs::read(dir.join("a/c/0")).unwrap(),
+            shard,
+            "a retired record came back over tensorstore's write"
+        );
+    }
+
     /// A shard write that retires a journal record makes the retirement durable before it
     /// lets go of the shard's key lock: tensorstore, which takes that lock next and puts no
     /// stamps in its shards, removes the chunk, and a power cut then must not bring the
@@ -498,41 +589,7 @@ pub(crate) mod tests {
                 .unwrap();
         }
         assert!(dir.path().join("a/c/0").is_file(), "the shard is written");
-        // tensorstore takes the shard's lock the moment the mount lets go of it.
-        let native = Backing::new(dir.path().to_path_buf()).unwrap();
-        let tensorstore = native.lock_key(Path::new("a/c/0")).unwrap();
-        let journal = fs.shards.journal().unwrap().clone();
-        assert!(journal.all_synced(), "the retirement waits for a sync");
-        // It writes the fill value over chunk 0: its shard holds chunk 1 alone (and no
-        // stamps), which is what the shard held at chunk 0 when the record was made.
-        let mut index = Vec::new();
-        for (offset, nbytes) in [(u64::MAX, u64::MAX), (0, 2)] {
-            index.extend_from_slice(&offset.to_le_bytes());
-            index.extend_from_slice(&nbytes.to_le_bytes());
-        }
-        let crc = crc32c::crc32c(&index).to_le_bytes();
-        let shard = [b"ab".as_slice(), &index, &crc].concat();
-        tensorstore
-            .replace(&[bytes::Bytes::from(shard.clone())], Durability::Now)
-            .unwrap();
-        drop(tensorstore);
-        // The power goes: what is on disk is what was synced, which is everything (above).
-        // The daemon is gone with it (its journal's lock too); the next mount replays.
-        drop(fs);
-        drop(journal);
-        let next = ShardFs::with_config(
-            Backing::new(dir.path().to_path_buf()).unwrap(),
-            DaemonInfo::default(),
-            crate::core::WriteConfig::default(),
-        )
-        .with_journal()
-        .unwrap();
-        next.replay_journals().unwrap();
-        assert_eq!(
-            std::fs::read(dir.path().join("a/c/0")).unwrap(),
-            shard,
-            "the retired record came back over tensorstore's removal"
-        );
+        supersede_and_cut_the_power(dir.path(), std::sync::Arc::new(fs));
     }
 
     #[test]

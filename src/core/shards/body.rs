@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 
@@ -67,6 +68,7 @@ impl ShardRegistry {
             groups.entry((f.0.rel.clone(), shard)).or_default().push(f);
         }
         let mut shared: Vec<(Arc<ShardSlot>, Vec<Taken>)> = Vec::new();
+        let mut unbooked = Vec::new();
         for ((_, shard), group) in groups {
             let slot = self.slot(backing, &group[0].0, &shard)?;
             if !self.journal_shard(backing, journal, &slot, &group)? {
@@ -76,13 +78,30 @@ impl ShardRegistry {
                 let mut taken = {
                     let _writer = lock(&slot.writing);
                     self.durable_base(backing, &slot)?;
-                    self.take(journal, &slot, &group)
+                    let taken = self.take(journal, &slot, &group);
+                    unbooked.push(Unbooked::new(&slot, taken.len()));
+                    taken
                 };
                 stored_form(&slot.array, &mut taken)?;
                 shared.push((slot, taken));
             }
         }
+        #[cfg(test)]
+        PAUSE_BEFORE_APPEND.with_borrow(|pause| {
+            if let Some(barrier) = pause {
+                barrier.wait();
+                barrier.wait();
+            }
+        });
         self.append_shared(backing, journal, shared)?;
+        drop(unbooked);
+        #[cfg(test)]
+        PAUSE_BEFORE_APPEND.with_borrow(|pause| {
+            if let Some(barrier) = pause {
+                barrier.wait();
+                barrier.wait();
+            }
+        });
         if self.journal_moves(backing, files)? {
             journal.sync_all()?;
         }
@@ -140,6 +159,21 @@ impl ShardRegistry {
                 })
             })
             .collect()
+    }
+
+    /// Waits (holding the slot's `writing`, so that no content is taken meanwhile) until
+    /// every record taken from the slot is booked in its ledger, or given up: a shard write
+    /// then sees every record it makes obsolete.
+    pub(super) fn wait_for_bookings(&self, slot: &ShardSlot) {
+        let start = std::time::Instant::now();
+        while slot.unbooked.load(Ordering::SeqCst) > 0 {
+            if start.elapsed() > BOOKING_WAIT {
+                tracing::warn!(shard = %self.describe(&slot.array.shard_rel(&slot.shard)),
+                    "journal records still being written after a minute: shard written without them");
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
     }
 
     /// Appends the chunks of shards without a body to the shared segments, with one sync.
@@ -325,4 +359,40 @@ fn entry<'a>(slot: &'a ShardSlot, meta: &'a [u8], instance: &'a str, t: &'a Take
         data: Some(&t.data),
         id: t.id,
     }
+}
+
+/// The longest a shard write waits for records being written to be booked (a journal
+/// append and one sync; a minute means a disk that hangs).
+const BOOKING_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Contents taken from a slot for records not yet booked: counted in the slot while this
+/// lives (`ShardRegistry::wait_for_bookings`), whatever becomes of the append.
+struct Unbooked {
+    slot: Arc<ShardSlot>,
+    n: u64,
+}
+
+impl Unbooked {
+    fn new(slot: &Arc<ShardSlot>, n: usize) -> Unbooked {
+        slot.unbooked.fetch_add(n as u64, Ordering::SeqCst);
+        Unbooked {
+            slot: slot.clone(),
+            n: n as u64,
+        }
+    }
+}
+
+impl Drop for Unbooked {
+    fn drop(&mut self) {
+        self.slot.unbooked.fetch_sub(self.n, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Makes `journal_chunks` on this thread stop between taking contents and appending
+    /// them, and again once they are booked: each time it waits on the barrier twice
+    /// (arrived, then let go). Tests of shard writes racing an fsync.
+    pub(crate) static PAUSE_BEFORE_APPEND: std::cell::RefCell<Option<Arc<std::sync::Barrier>>> =
+        const { std::cell::RefCell::new(None) };
 }

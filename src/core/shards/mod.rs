@@ -39,6 +39,8 @@ use crate::core::pending::memfile::{FileData, MemFile};
 use crate::core::stats::Stats;
 use crate::shard::IndexError;
 use crate::sync::lock;
+#[cfg(test)]
+pub(crate) use body::PAUSE_BEFORE_APPEND;
 pub(crate) use body::PendingChunk;
 pub(crate) use ledger::Held;
 use ledger::Ledger;
@@ -117,6 +119,10 @@ struct ShardSlot {
     /// Held while the shard's body is begun (`body.rs`), so that it has one.
     body_init: Mutex<()>,
     last_used: AtomicU64,
+    /// Chunk contents taken for journal records that are not booked in the ledger yet
+    /// (`body::Unbooked`): a shard write waits for them before it chooses what it writes,
+    /// so that every record it makes obsolete is retired under its key lock.
+    unbooked: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -286,6 +292,7 @@ impl ShardRegistry {
                             writing: Mutex::default(),
                             body_init: Mutex::default(),
                             last_used: AtomicU64::new(self.tick()),
+                            unbooked: AtomicU64::new(0),
                         });
                         let gone = slots.insert(key, fresh.clone()).and_then(|gone| {
                             let mut st = lock(&gone.state);
