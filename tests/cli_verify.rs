@@ -253,3 +253,99 @@ fn hostile_chunks_per_shard_is_a_problem_not_a_crash() {
     ]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
 }
+
+/// Whether zarr-python and tensorstore each read the whole array at `array` (one line
+/// each: "ok" or the error's type).
+fn readers_read(array: &Path) -> (bool, bool) {
+    let code = "import sys, zarr, tensorstore as ts\n\
+                p = sys.argv[1]\n\
+                try:\n    zarr.open_array(p, mode='r')[...]; print('ok')\n\
+                except Exception as e: print(type(e).__name__)\n\
+                try:\n    ts.open({'driver': 'zarr3', 'kvstore': {'driver': 'file', 'path': p}}).result().read().result(); print('ok')\n\
+                except Exception as e: print(type(e).__name__)";
+    let out = common::python_run(&["-c", code, array.to_str().unwrap()], "readers");
+    let lines: Vec<&str> = out.lines().collect();
+    (lines[0] == "ok", lines[1] == "ok")
+}
+
+/// What makes a reader refuse an array's document is a problem of `verify` (each refused
+/// by zarr-python, shown alongside): an unknown data type, a fill value outside its type,
+/// dimension names of the wrong length, a codec no reader knows.
+#[test]
+fn what_readers_refuse_in_a_document_is_a_problem() {
+    let cases: [(&str, serde_json::Value, &str); 4] = [
+        ("data_type", serde_json::json!("uint12"), "uint12"),
+        ("fill_value", serde_json::json!(70000), "70000"),
+        ("dimension_names", serde_json::json!(["x", "y"]), "2 names"),
+        ("codecs", serde_json::Value::Null, "\"lz5\""),
+    ];
+    for (field, value, fragment) in cases {
+        let case = fresh();
+        let doc = case.root.join("end/zarr.json");
+        let mut d: serde_json::Value = serde_json::from_slice(&fs::read(&doc).unwrap()).unwrap();
+        match field {
+            // The fill value of a uint16 array (the fixture's chunks are compressed: their
+            // size says nothing of the type).
+            "fill_value" => {
+                d["data_type"] = serde_json::json!("uint16");
+                d["fill_value"] = value;
+            }
+            "codecs" => {
+                let inner = &mut d["codecs"][0]["configuration"]["codecs"];
+                inner
+                    .as_array_mut()
+                    .unwrap()
+                    .push(serde_json::json!({"name": "lz5"}));
+            }
+            _ => d[field] = value,
+        }
+        fs::write(&doc, serde_json::to_vec_pretty(&d).unwrap()).unwrap();
+        assert_one_problem(&case, &doc, fragment);
+        assert!(
+            !readers_read(&case.root.join("end")).0,
+            "zarr-python reads {field}"
+        );
+    }
+}
+
+/// An empty shard file (a power cut before its data was synced) is a problem: tensorstore
+/// refuses the array (DATA_LOSS).
+#[test]
+fn an_empty_shard_file_is_a_problem() {
+    let case = fresh();
+    let shard = case.root.join("end/c/1");
+    set_len(&shard, 0);
+    assert_one_problem(&case, &shard, "empty shard file");
+    assert!(
+        !readers_read(&case.root.join("end")).1,
+        "tensorstore reads it"
+    );
+}
+
+/// A chunk whose bytes no longer match its inner crc32c is a problem, named by its chunk.
+#[test]
+fn an_inner_checksum_mismatch_is_a_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let array = dir.path().join("a");
+    let code = "import sys, zarr, numpy as np\n\
+                a = zarr.create_array(sys.argv[1], shape=(8,), chunks=(2,), shards=(4,), \
+                dtype='uint8', compressors=[zarr.codecs.Crc32cCodec()], fill_value=0)\n\
+                a[:] = np.arange(1, 9, dtype='uint8')";
+    common::python_run(&["-c", code, array.to_str().unwrap()], "crc32c array");
+    let out = shardfs(&["verify", dir.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "undamaged: {}", stdout(&out));
+    // The second chunk of shard 1 (elements 6 and 7): its data, not its checksum.
+    let shard = array.join("c/1");
+    let (offset, _) = entry(&shard, 2, true, 1);
+    let file = fs::OpenOptions::new().write(true).open(&shard).unwrap();
+    file.write_all_at(&[0xEE], offset).unwrap();
+    let out = shardfs(&["verify", dir.path().to_str().unwrap()]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert_eq!(text.lines().count(), 1, "{text}");
+    assert!(
+        text.contains("chunk [3] does not match its crc32c"),
+        "{text}"
+    );
+    assert!(!readers_read(&array).0, "zarr-python reads it");
+}

@@ -9,6 +9,8 @@ use crate::grid;
 use crate::shard::read_index;
 use crate::zarr::layout::{fixed_chunk_bytes, regular_chunk_shape};
 use crate::zarr::transparent;
+use crate::zarr::unsharded_view;
+use crate::zarr::validate::reader_faults;
 use crate::zarr::{
     ArrayMetadata, ChunkKeyEncoding, GroupMetadata, KeyError, METADATA_FILE, Node, ShardLayout,
 };
@@ -44,7 +46,10 @@ pub fn run(path: &Path) -> Result<Verdict, CliError> {
 impl Checker {
     fn walk(&mut self, dir: &Path) -> Result<(), CliError> {
         match read_node(dir)? {
-            Some(Ok(Node::Array(array))) => return self.array(dir, &array),
+            Some(Ok(Node::Array(array))) => {
+                self.document(&dir.join(METADATA_FILE), "", &array);
+                return self.array(dir, &array);
+            }
             Some(Ok(Node::Group(group))) => self.group(dir, &group),
             Some(Err(e)) => self.problem(&dir.join(METADATA_FILE), e),
             None => {}
@@ -75,6 +80,7 @@ impl Checker {
             match Node::from_value(entry.clone()) {
                 Err(e) => self.problem(&doc, format!("consolidated entry {child:?}: {e}")),
                 Ok(Node::Array(a)) => {
+                    self.document(&doc, &format!("consolidated entry {child:?}: "), &a);
                     if let Err(e) = ShardLayout::of(&a)
                         && e.is_invalid_metadata()
                     {
@@ -83,6 +89,13 @@ impl Checker {
                 }
                 Ok(Node::Group(_)) => {}
             }
+        }
+    }
+
+    /// What readers refuse in an array's document (`zarr::validate`), each a problem.
+    fn document(&mut self, doc: &Path, prefix: &str, array: &ArrayMetadata) {
+        for fault in reader_faults(array) {
+            self.problem(doc, format!("{prefix}{fault}"));
         }
     }
 
@@ -125,6 +138,9 @@ impl Checker {
         let shard_grid = layout.shard_grid_shape();
         let fixed = fixed_chunk_bytes(array);
         let compressed = transparent::of_stored(array);
+        // Inner chunks that end with a crc32c: each is checked against it.
+        let checksummed = unsharded_view(array)
+            .is_ok_and(|v| v.codecs.last().is_some_and(|c| c.name == "crc32c"));
         let (files, _) = key_files(dir, layout.key_encoding, layout.ndim())?;
         for f in files {
             if !grid::inside(&f.coords, &shard_grid) {
@@ -140,9 +156,12 @@ impl Checker {
             let file = File::open(&f.path).map_err(|e| CliError::io(&f.path, e))?;
             let len = file.metadata().map_err(|e| CliError::io(&f.path, e))?.len();
             if len == 0 {
-                // Left by a crash before its data was synced; readers (shardfs, zarr-python)
-                // take it for a shard holding no chunk.
-                say!("{}: empty shard file: holds no chunk", f.path.display());
+                // Left by a crash before its data was synced: zarr-python and the mount take
+                // it for a shard holding no chunk, tensorstore refuses it (DATA_LOSS).
+                self.problem(
+                    &f.path,
+                    "empty shard file: tensorstore refuses it; it holds no chunk (remove it)",
+                );
                 continue;
             }
             match read_index(&file, len, &layout.index) {
@@ -153,6 +172,9 @@ impl Checker {
                     }
                     if let Some(z) = compressed {
                         self.chunk_frames(&file, &f.path, &layout, &f.coords, &index, z.max);
+                    }
+                    if checksummed {
+                        self.chunk_checksums(&file, &f.path, &layout, &f.coords, &index);
                     }
                 }
             }
@@ -184,6 +206,37 @@ impl Checker {
                          says {said}); the mount compresses this array's raw chunks"
                     ),
                 );
+            }
+        }
+    }
+
+    /// Every chunk whose codecs end with `crc32c` must match its checksum (its last four
+    /// bytes, little-endian, over the bytes before them).
+    fn chunk_checksums(
+        &mut self,
+        file: &File,
+        path: &Path,
+        layout: &ShardLayout,
+        shard: &[u64],
+        index: &crate::shard::ShardIndex,
+    ) {
+        for (pos, range) in index.present() {
+            let coords = layout.chunk_coords(shard, pos);
+            let bytes = crate::shard::read_whole_chunk(file, range, crate::limits::MAX_FILE_BYTES);
+            let fault = match bytes {
+                Err(e) => Some(format!("chunk {coords:?} cannot be read: {e}")),
+                Ok(b) if b.len() < 4 => {
+                    Some(format!("chunk {coords:?} is shorter than its checksum"))
+                }
+                Ok(b) => {
+                    let (data, sum) = b.split_at(b.len() - 4);
+                    let stored = u32::from_le_bytes([sum[0], sum[1], sum[2], sum[3]]);
+                    (crc32c::crc32c(data) != stored)
+                        .then(|| format!("chunk {coords:?} does not match its crc32c"))
+                }
+            };
+            if let Some(fault) = fault {
+                self.problem(path, fault);
             }
         }
     }

@@ -231,24 +231,15 @@ impl ArrayMetadata {
         }
     }
 
-    /// Bytes per element for the fixed-size core data types; `None` for variable-size or
-    /// extension types.
+    /// Bytes per element (`zarr::dtype`); `None` for variable-size types and ones no
+    /// reader knows.
     pub fn item_size(&self) -> Option<u64> {
-        let name = self.data_type.as_str()?;
-        Some(match name {
-            "bool" | "int8" | "uint8" => 1,
-            "int16" | "uint16" | "float16" => 2,
-            "int32" | "uint32" | "float32" => 4,
-            "int64" | "uint64" | "float64" | "complex64" => 8,
-            "complex128" => 16,
-            raw => {
-                let bits: u64 = raw.strip_prefix('r')?.parse().ok()?;
-                if bits == 0 || !bits.is_multiple_of(8) {
-                    return None;
-                }
-                bits / 8
-            }
-        })
+        self.data_type().ok()?.item_size
+    }
+
+    /// The array's data type (`zarr::dtype`).
+    pub fn data_type(&self) -> Result<super::DataType, super::DataTypeError> {
+        super::DataType::of(&self.data_type)
     }
 }
 

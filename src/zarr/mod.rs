@@ -1,12 +1,15 @@
 //! The Zarr v3 metadata model, chunk keys, shard policy and the layout translation between
 //! sharded arrays and their unsharded view. Pure: no I/O.
 
+pub mod dtype;
 pub mod key;
 pub mod layout;
 pub mod metadata;
 pub mod policy;
 pub mod transparent;
+pub mod validate;
 
+pub use dtype::{DataType, DataTypeError};
 pub use key::{ChunkKeyEncoding, KeyError, KeyNode, Separator};
 pub use layout::{
     ChunkLocation, LayoutError, ShardLayout, sharded_from, sharded_with, shown_view,

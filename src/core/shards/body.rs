@@ -67,23 +67,22 @@ impl ShardRegistry {
             let shard = f.0.layout.locate(&f.1).shard;
             groups.entry((f.0.rel.clone(), shard)).or_default().push(f);
         }
-        let mut shared: Vec<(Arc<ShardSlot>, Vec<Taken>)> = Vec::new();
-        let mut unbooked = Vec::new();
+        let mut shared: Vec<(Arc<ShardSlot>, Vec<Taken>, Unbooked)> = Vec::new();
         for ((_, shard), group) in groups {
             let slot = self.slot(backing, &group[0].0, &shard)?;
             if !self.journal_shard(backing, journal, &slot, &group)? {
                 // What the shard holds, which each record names as the state it goes over,
                 // is final and durable while taken: no write of the shard in flight (it
                 // could put an older content there), nothing of it unsynced.
-                let mut taken = {
+                let (mut taken, unbooked) = {
                     let _writer = lock(&slot.writing);
                     self.durable_base(backing, &slot)?;
                     let taken = self.take(journal, &slot, &group);
-                    unbooked.push(Unbooked::new(&slot, taken.len()));
-                    taken
+                    let unbooked = Unbooked::new(&slot, taken.len());
+                    (taken, unbooked)
                 };
                 stored_form(&slot.array, &mut taken)?;
-                shared.push((slot, taken));
+                shared.push((slot, taken, unbooked));
             }
         }
         #[cfg(test)]
@@ -94,7 +93,6 @@ impl ShardRegistry {
             }
         });
         self.append_shared(backing, journal, shared)?;
-        drop(unbooked);
         #[cfg(test)]
         PAUSE_BEFORE_APPEND.with_borrow(|pause| {
             if let Some(barrier) = pause {
@@ -181,16 +179,16 @@ impl ShardRegistry {
         &self,
         backing: &Backing,
         journal: &Journal,
-        shared: Vec<(Arc<ShardSlot>, Vec<Taken>)>,
+        shared: Vec<(Arc<ShardSlot>, Vec<Taken>, Unbooked)>,
     ) -> Result<(), FsError> {
         let layouts: Vec<(Vec<u8>, String)> = shared
             .iter()
-            .map(|(slot, _)| self.layout_of(slot))
+            .map(|(slot, ..)| self.layout_of(slot))
             .collect();
         let entries: Vec<Entry> = shared
             .iter()
             .zip(&layouts)
-            .flat_map(|((slot, taken), (meta, instance))| {
+            .flat_map(|((slot, taken, _), (meta, instance))| {
                 taken.iter().map(move |t| entry(slot, meta, instance, t))
             })
             .collect();
@@ -198,15 +196,10 @@ impl ShardRegistry {
             return Ok(());
         }
         let mut records = journal.append(&entries)?.into_iter();
-        for (slot, taken) in &shared {
+        for (slot, taken, unbooked) in shared {
             let recs: Vec<RecordRef> = records.by_ref().take(taken.len()).collect();
-            self.attach(
-                backing,
-                slot,
-                None,
-                taken,
-                recs.into_iter().map(|r| (r, None)),
-            );
+            let recs = recs.into_iter().map(|r| (r, None));
+            self.attach(backing, &slot, None, &taken, recs, Some(unbooked));
         }
         Ok(())
     }
@@ -243,7 +236,7 @@ impl ShardRegistry {
                 let recs = chunks
                     .into_iter()
                     .map(|BodyChunk { record, range }| (record, Some(range)));
-                self.attach(backing, slot, Some(&body), &taken, recs);
+                self.attach(backing, slot, Some(&body), &taken, recs, None);
                 return Ok(true);
             }
             // A shard write took the body: once it is over (the next try waits for it),
@@ -289,6 +282,7 @@ impl ShardRegistry {
         body: Option<&Arc<Body>>,
         taken: &[Taken],
         records: impl Iterator<Item = (RecordRef, Option<ChunkRange>)>,
+        unbooked: Option<Unbooked>,
     ) {
         let mut late = Vec::new();
         let mut removals = Vec::new();
@@ -317,6 +311,9 @@ impl ShardRegistry {
                 }
             }
         }
+        // Booked: a shard write waiting for them may go on (before the removals below,
+        // which take the slot's writing lock themselves).
+        drop(unbooked);
         if !late.is_empty() {
             self.note_unsynced(&slot.array, &slot.shard, late);
         }
