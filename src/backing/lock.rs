@@ -421,6 +421,19 @@ pub fn try_lock(file: &File) -> io::Result<bool> {
     }
 }
 
+/// Whether someone holds a lock on `file` that an exclusive lock would wait for (asked
+/// without taking one: F_OFD_GETLK).
+pub fn held_by_someone(file: &File) -> bool {
+    // SAFETY: a zeroed `flock` is valid; the fields set below describe the whole file.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as _;
+    fl.l_whence = libc::SEEK_SET as _;
+    // SAFETY: a valid descriptor and a pointer to a properly initialised struct, which the
+    // call fills in.
+    let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_GETLK, &mut fl) };
+    rc == 0 && i32::from(fl.l_type) != libc::F_UNLCK
+}
+
 /// An exclusive open-file-description lock on the whole file (what tensorstore takes),
 /// waited for in short steps up to `LOCK_WAIT` from `start`.
 /// Set when the mount is giving up (`shardfs unmount --give-up`): a key lock another

@@ -104,6 +104,16 @@ pub fn run(goal: Goal, args: &CommonArgs, shards: Option<&ShardArgs>) -> ExitCod
         say!("shardfs {name}: {why}");
         return ExitCode::from(2);
     }
+    if args.dst.is_none()
+        && let Some(why) = live_mount_over(&args.src)
+    {
+        say!(
+            "shardfs {name}: {why}: a conversion in place would change shards under it \
+             (it keeps the old layout, and what it holds pending would be written into shards \
+             of the wrong shape). Unmount it first, or convert into a DST; nothing written"
+        );
+        return ExitCode::from(1);
+    }
     // A destination directory this run makes.
     let made = args
         .dst
@@ -398,6 +408,58 @@ fn resolved(path: &Path) -> std::io::Result<PathBuf> {
         }
     }
     Ok(out)
+}
+
+/// Which live shardfs mount serves a BACKING that holds SRC (or lies inside it), if one
+/// does: a mount of this machine (its mount table), or of any machine sharing the file
+/// system (a journal in `.shardfs/journal` of SRC or a directory above, whose lock a
+/// live mount holds).
+fn live_mount_over(src: &str) -> Option<String> {
+    if is_object_url(src) {
+        return None;
+    }
+    let real = resolved(Path::new(src)).ok()?;
+    for entry in crate::mounts::table()
+        .into_iter()
+        .filter(|e| e.is_shardfs())
+    {
+        let source = entry.source.to_string_lossy();
+        let backing = source.trim_start_matches("shardfs:");
+        let backing = backing.strip_prefix("file://").unwrap_or(backing);
+        let Ok(backing) = std::fs::canonicalize(backing) else {
+            continue;
+        };
+        if real.starts_with(&backing) || backing.starts_with(&real) {
+            return Some(format!(
+                "{src} is in {} (BACKING of the shardfs mount at {})",
+                backing.display(),
+                entry.mount_point.display()
+            ));
+        }
+    }
+    real.ancestors()
+        .map(|dir| dir.join(crate::journal::JOURNAL_DIR))
+        .find(|journals| journal_held(journals))
+        .map(|journals| {
+            format!(
+                "{src} is in a BACKING a live shardfs mount holds (a journal in {} is locked; \
+                 the mount may be on another machine)",
+                journals.display()
+            )
+        })
+}
+
+/// Whether a lock file in the journal directory `dir` is locked by someone (a live mount).
+/// A directory this user may not read says nothing.
+fn journal_held(dir: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    entries.flatten().any(|e| {
+        let lock = e.file_name().to_string_lossy().ends_with(".lock");
+        let file = std::fs::OpenOptions::new().read(true).open(e.path());
+        lock && file.is_ok_and(|f| crate::backing::lock::held_by_someone(&f))
+    })
 }
 
 /// Why SRC may not be converted in place: a group above it has consolidated metadata naming

@@ -190,7 +190,9 @@ fn array(p: &Packer, dir: &Path, current: &ArrayMetadata) -> Result<(), ConvertE
         lock(&p.summary).resumed += 1;
     }
     if step == Step::Stage {
+        let before = p.versions(dir, &plans.original)?;
         stage(p, dir, &plans)?;
+        unchanged_since(p, dir, &plans, &before)?;
         put_document(p, dir, &Node::Array(plans.staging.clone()))?;
         put_state(p, &dir.join(STATE_FILE), &plans.state(true))?;
     }
@@ -421,6 +423,42 @@ fn stage(p: &Packer, dir: &Path, plans: &Plans) -> Result<(), ConvertError> {
     }
     let work = staged_work(p, dir, plans)?;
     p.write_units(dir, &work)
+}
+
+/// Before the flip: every chunk of the array is the version it was when staging began.
+/// A writer's chunk written, replaced or removed meanwhile is in no staged shard (or in
+/// one at its old version): flipping would drop it. Then the staged objects go (and the
+/// state file, when this run began it) and the array stays as it is, its writes in it.
+fn unchanged_since(
+    p: &Packer,
+    dir: &Path,
+    plans: &Plans,
+    before: &std::collections::BTreeMap<String, Option<String>>,
+) -> Result<(), ConvertError> {
+    let now = p.versions(dir, &plans.original)?;
+    let changed = before
+        .keys()
+        .chain(now.keys())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .filter(|k| before.get(*k) != now.get(*k))
+        .count();
+    if changed == 0 {
+        return Ok(());
+    }
+    for staged in p.array_files(dir, &plans.staging)?.chunks.keys() {
+        delete(p, &dir.join(staged))?;
+    }
+    if plans.resumed.is_none() {
+        delete(p, &dir.join(STATE_FILE))?;
+        p.src
+            .clear_stale_lock(&dir.join(STATE_FILE))
+            .map_err(|e| ConvertError::store(p.src, &dir.join(STATE_FILE), e))?;
+    }
+    Err(ConvertError::WrittenMeanwhile {
+        what: p.src.describe(dir),
+        n: changed,
+    })
 }
 
 /// The objects to stage, from the objects there now, counted in the summary.

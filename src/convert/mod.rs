@@ -86,6 +86,10 @@ pub enum ConvertError {
         "{what}: the state of an earlier pack in place cannot be read ({why}); remove it only if that pack never got past writing it"
     )]
     State { what: String, why: String },
+    #[error(
+        "{what}: {n} of its chunks were written, replaced or removed while it was converted in place; nothing of theirs was lost (the array reads as before, with them) and nothing was converted: stop its writers and run again"
+    )]
+    WrittenMeanwhile { what: String, n: usize },
     #[error("{0}")]
     Panicked(String),
 }

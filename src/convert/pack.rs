@@ -328,6 +328,29 @@ impl<'a> Packer<'a> {
         })
     }
 
+    /// The version of each chunk object of the array at `dir` (its key and its store's tag):
+    /// what a conversion in place compares before it switches the array's document, so that
+    /// a chunk written meanwhile is never dropped with the old layout.
+    pub(super) fn versions(
+        &self,
+        dir: &Path,
+        meta: &ArrayMetadata,
+    ) -> Result<std::collections::BTreeMap<String, Option<String>>, ConvertError> {
+        let files = self.array_files(dir, meta)?;
+        files
+            .chunks
+            .into_keys()
+            .map(|k| {
+                let key = dir.join(&k);
+                let blob = self
+                    .src
+                    .open(&key, 0)
+                    .map_err(|e| ConvertError::store(self.src, &key, e))?;
+                Ok((k, blob.map(|b| b.info().tag.clone())))
+            })
+            .collect()
+    }
+
     /// Counts an array converted (or planned) in the summary.
     pub(super) fn note_array(&self, dir: &Path, work: &Work) {
         let cps = work

@@ -787,17 +787,14 @@ impl Journal {
                     ));
                 }
             };
-            let (records, valid) = record::decode_all(&bytes);
-            for r in &records {
+            let decoded = record::decode_file(&bytes);
+            for r in &decoded.records {
                 if let record::Record::Retire { ids } = r {
                     retired.extend(ids.iter().copied());
                 }
             }
-            if valid < bytes.len() {
-                warn!(segment = %path.display(), dropped = bytes.len() - valid,
-                    "torn end of a journal segment dropped (its fsync never returned)");
-            }
-            files.push((path, valid as u64, records));
+            say_damage(&path, &decoded, bytes.len());
+            files.push((path, decoded.intact_end as u64, decoded.records));
         }
         for (path, bytes, records) in files {
             let (live, retired_some) = replayed_from(&path, records, &retired, out);
@@ -816,6 +813,25 @@ impl Journal {
             }
         }
         Ok(())
+    }
+}
+
+/// Says what of a journal file could not be read: a torn tail (a crash tears only the last
+/// write, whose fsync never returned: nothing acknowledged is in it), and damage in the
+/// middle (the media, or someone writing into the file), past which intact records are
+/// replayed. A damaged record is lost: a chunk or removal there is not replayed; a damaged
+/// retirement may let the records it retired, all of them earlier, replay over later
+/// content (the replay rule still refuses where the chunk changed since they were taken).
+fn say_damage(path: &Path, decoded: &record::Decoded, len: usize) {
+    for d in &decoded.damaged {
+        error!(file = %path.display(), from = d.start, to = d.end,
+            record = d.kind,
+            "journal damaged in the middle: these bytes hold no intact record and are not \
+             replayed; the intact records after them are");
+    }
+    if decoded.intact_end < len {
+        warn!(file = %path.display(), dropped = len - decoded.intact_end,
+            "torn end of a journal file dropped (its fsync never returned)");
     }
 }
 

@@ -21,8 +21,12 @@
 //! - kind 4, a removal: `layout id (u32) | ndim (u32) | record id (u64) | coords | was | at`:
 //!   the chunk was deleted (or renamed away) after the records before it; replay deletes it.
 //!
-//! A record whose header or checksum does not hold ends the segment: it is the torn tail of
-//! a write whose fsync never returned.
+//! A record whose checksum does not hold is damage. At the end of a file, with no intact
+//! record after it, it is the torn tail of a write whose fsync never returned (a crash tears
+//! only the last write). Followed by an intact record where its header says it ends, it is
+//! damage in the middle (the media, or someone writing into the file): reading goes on
+//! there, and the damaged range is reported (`Decoded::damaged`). A damaged header ends the
+//! file, as a torn tail does (`next_intact` says why).
 
 use bytes::Bytes;
 
@@ -206,13 +210,79 @@ fn header(kind: u8, len: u64, crc: u32) -> Vec<u8> {
 /// Decodes the records of a segment, in order, up to the first one that does not hold.
 /// Returns them and the length of the valid prefix.
 pub fn decode_all(bytes: &Bytes) -> (Vec<Record>, usize) {
-    let mut out = Vec::new();
+    let d = decode_file(bytes);
+    (d.records, d.intact_end)
+}
+
+/// What a journal file holds: its intact records in order, where the last of them ends,
+/// the damaged ranges between intact records, and the torn tail after the last one.
+#[derive(Debug, Default)]
+pub struct Decoded {
+    pub records: Vec<Record>,
+    /// The end of the last intact record (0: none).
+    pub intact_end: usize,
+    /// Damaged records, each followed by an intact one.
+    pub damaged: Vec<Damage>,
+}
+
+/// Bytes in the middle of a journal file that hold no intact record.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Damage {
+    pub start: usize,
+    pub end: usize,
+    /// The kind its header names ("a chunk", "a retirement"…).
+    pub kind: &'static str,
+}
+
+/// Decodes a whole journal file: past damage in the middle, up to a torn tail.
+pub fn decode_file(bytes: &Bytes) -> Decoded {
+    let mut out = Decoded::default();
     let mut at = 0;
-    while let Some((record, len)) = decode_one(bytes, at) {
-        out.push(record);
-        at += len;
+    while at < bytes.len() {
+        if let Some((record, len)) = decode_one(bytes, at) {
+            out.records.push(record);
+            at += len;
+            out.intact_end = at;
+            continue;
+        }
+        let Some(next) = next_intact(bytes, at) else {
+            break; // a torn tail
+        };
+        out.damaged.push(Damage {
+            start: at,
+            end: next,
+            kind: header_kind(bytes, at).unwrap_or("unknown"),
+        });
+        at = next;
     }
-    (out, at)
+    out
+}
+
+/// Where the next intact record after damage at `at` begins, if one does: right after the
+/// damaged record, by the length its header gives. Never by looking for the next magic
+/// number: a chunk's bytes are anyone's to choose, and a record forged inside a chunk
+/// written through the mount would be found in a torn tail and replayed with the daemon's
+/// privileges. A damaged header (no length to trust) ends the file like a torn tail.
+fn next_intact(bytes: &Bytes, at: usize) -> Option<usize> {
+    header_kind(bytes, at)?;
+    let len = u32_at(bytes.get(at..at + HEADER)?, 8)? as usize;
+    let next = at.checked_add(HEADER)?.checked_add(len)?;
+    decode_one(bytes, next).map(|_| next)
+}
+
+/// The kind a record header at `at` names, if the header looks whole.
+fn header_kind(bytes: &Bytes, at: usize) -> Option<&'static str> {
+    let h = bytes.get(at..at + HEADER)?;
+    if u32_at(h, 0)? != MAGIC || h[5..8] != [0, 0, 0] {
+        return None;
+    }
+    match h[4] {
+        LAYOUT_V1 | LAYOUT => Some("a layout"),
+        CHUNK_V1 | CHUNK => Some("a chunk"),
+        GONE => Some("a removal"),
+        RETIRE => Some("a retirement"),
+        _ => None,
+    }
 }
 
 /// A layout record's payload; `with_instance` for kind 5.
@@ -376,7 +446,50 @@ mod tests {
     }
 
     #[test]
-    fn a_flipped_byte_anywhere_stops_decoding_there() {
+    fn damage_in_the_middle_is_told_from_a_torn_tail_and_read_past() {
+        let chunk = |id: u64, data: &'static [u8]| {
+            join(encode_chunk(
+                1,
+                id,
+                &[id],
+                stamp(Was::Absent),
+                &[Bytes::from_static(data)],
+            ))
+        };
+        let (a, b, c) = (chunk(1, b"first"), chunk(2, b"second"), chunk(3, b"third"));
+        let mut seg = [a.clone(), b.clone(), c.clone()].concat();
+        // A flipped byte in the payload of the middle record.
+        seg[a.len() + HEADER + 3] ^= 0x10;
+        let d = decode_file(&Bytes::from(seg.clone()));
+        let ids: Vec<u64> = d
+            .records
+            .iter()
+            .map(|r| match r {
+                Record::Chunk { id, .. } => *id,
+                _ => 0,
+            })
+            .collect();
+        assert_eq!(ids, [1, 3], "the records after the damage are read");
+        assert_eq!(
+            d.damaged,
+            [Damage {
+                start: a.len(),
+                end: a.len() + b.len(),
+                kind: "a chunk"
+            }]
+        );
+        assert_eq!(d.intact_end, seg.len());
+        // The same bytes torn at the end: no damage in the middle, the tail left out.
+        let torn = [a.clone(), b[..b.len() - 3].to_vec()].concat();
+        let d = decode_file(&Bytes::from(torn));
+        assert_eq!(
+            (d.records.len(), d.damaged.len(), d.intact_end),
+            (1, 0, a.len())
+        );
+    }
+
+    #[test]
+    fn a_flipped_byte_anywhere_in_a_lone_record_leaves_nothing() {
         let rec = join(encode_chunk(
             1,
             9,

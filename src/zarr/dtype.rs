@@ -75,6 +75,22 @@ impl DataType {
         }
     }
 
+    /// Why the array may not be sharded, if a reader or writer cannot take it sharded:
+    /// zarr-python 3.1 fails on sharded arrays of `raw_bytes` (reading them) and of
+    /// `structured` (writing them; both with "unhashable type: void-scalar"). 3.4 takes both.
+    pub fn not_shardable(&self) -> Option<&'static str> {
+        match self.name.as_str() {
+            "raw_bytes" => Some("zarr-python 3.1 cannot read raw_bytes arrays sharded"),
+            "structured" => Some("zarr-python 3.1 cannot write structured arrays sharded"),
+            _ => None,
+        }
+    }
+
+    /// Whether readers fail on this type in a sharded array (`not_shardable`, reading).
+    pub fn unreadable_sharded(&self) -> bool {
+        self.name == "raw_bytes"
+    }
+
     /// Whether `v` is a fill value readers take for this type.
     pub fn check_fill(&self, v: &Value) -> Result<(), DataTypeError> {
         match fill_fault(&self.fill, v) {

@@ -52,6 +52,8 @@ pub enum LayoutError {
     IrregularGrid(String),
     #[error("array has storage transformers")]
     StorageTransformers,
+    #[error("{0}")]
+    NotShardable(&'static str),
     #[error("invalid {what}: {reason}")]
     BadConfiguration { what: &'static str, reason: String },
     #[error("{what} has {found} dimensions, the array has {expected}")]
@@ -422,6 +424,9 @@ pub fn sharded_with(
     }
     if meta.has_storage_transformers() {
         return Err(LayoutError::StorageTransformers);
+    }
+    if let Some(why) = meta.data_type().ok().and_then(|t| t.not_shardable()) {
+        return Err(LayoutError::NotShardable(why));
     }
     // Shard files are named with the array's key encoding: one shardfs cannot read back
     // makes a sharded array it could never show (found by fuzzing).

@@ -29,6 +29,10 @@ pub fn reader_faults(meta: &ArrayMetadata) -> Vec<String> {
             if let Err(e) = t.check_fill(&meta.fill_value) {
                 faults.push(e.to_string());
             }
+            let sharded = meta.codecs.iter().any(|c| c.name == "sharding_indexed");
+            if sharded && t.unreadable_sharded() {
+                faults.push(t.not_shardable().unwrap_or_default().to_string());
+            }
         }
     }
     if let Some(fault) = dimension_names_fault(meta) {
@@ -111,8 +115,10 @@ mod tests {
 
     #[test]
     fn each_thing_readers_refuse_is_named() {
-        let cases: [(&str, Value, &str); 5] = [
+        let raw = json!({"name": "raw_bytes", "configuration": {"length_bytes": 2}});
+        let cases: [(&str, Value, &str); 6] = [
             ("data_type", json!("uint12"), "uint12"),
+            ("data_type", raw, "cannot read raw_bytes arrays sharded"),
             ("fill_value", json!(70000), "70000"),
             ("dimension_names", json!(["y"]), "1 names"),
             ("dimension_names", json!(["y", 3]), "neither"),
@@ -125,6 +131,9 @@ mod tests {
         ];
         for (field, value, said) in cases {
             let mut d = doc();
+            if value.get("name").is_some() {
+                d["fill_value"] = json!("AAA=");
+            }
             d[field] = value;
             let faults = reader_faults(&array(d));
             assert_eq!(faults.len(), 1, "{field}: {faults:?}");
