@@ -14,6 +14,13 @@ if ! command -v rsync >/dev/null; then
         (apt-get update -q >/dev/null && apt-get install -y -q rsync >/dev/null))
 fi
 
+# libfaketime: a test runs a mount whose clock is slow.
+if [ ! -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ]; then
+    echo "== installing faketime"
+    (apt-get install -y -q faketime >/dev/null 2>&1 ||
+        (apt-get update -q >/dev/null && apt-get install -y -q faketime >/dev/null))
+fi
+
 # pjdfstest (the Rust rewrite, pinned) runs on a plain directory of a mount; it links
 # libacl.
 if ! command -v pjdfstest >/dev/null; then

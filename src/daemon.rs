@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use fuser::{Config, MountOption, Session, SessionACL};
 use thiserror::Error;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use crate::backing::Backing;
 use crate::core::{CONTROL_FILE, DaemonInfo, ShardFs, WriteConfig};
@@ -301,6 +301,7 @@ fn object_core(
             .map_err(|e| store_error(url, e))?
             .with_multipart_above(config.multipart_above),
     );
+    take_the_stores_clock(&store, url);
     let (mirrored, held) =
         crate::store::mirror::prepare(&*store, url, backing).map_err(|e| store_error(url, e))?;
     // Held as long as the process lives: the cache is this mount's.
@@ -312,17 +313,43 @@ fn object_core(
     )
 }
 
+/// Nodes of one object store order their writes of a chunk by the times written with each
+/// (`shard::stamps`): those are taken on the store's clock, measured here, when this
+/// machine's is off by more than the measure can tell (a node 20 s slow had its later
+/// write dropped as older).
+fn take_the_stores_clock(store: &ObjectBacked, url: &str) {
+    const TOLERANCE_NS: i64 = 1_500_000_000;
+    match store.clock_offset_ns() {
+        Ok(Some(ns)) if ns.abs() > TOLERANCE_NS => {
+            let (by, way) = (
+                ns.abs() as f64 / 1e9,
+                if ns > 0 { "behind" } else { "ahead of" },
+            );
+            warn!(store = %url, "this machine's clock is {by:.1} s {way} the store's: the times \
+                written with chunks are taken on the store's clock (set the clock right: NTP)");
+            crate::core::pending::memfile::set_clock_offset(ns);
+        }
+        Ok(Some(_)) => {}
+        Ok(None) => warn!(store = %url, "the store's answers carry no Date: nodes order their \
+            writes by their own clocks, which must agree (NTP)"),
+        Err(e) => warn!(
+            "the store's clock could not be read ({e}): nodes order their writes \
+            by their own clocks, which must agree (NTP)"
+        ),
+    }
+}
+
 /// The daemon proper: mounts, reports through `ready`, serves until unmounted.
 pub fn run_foreground(config: &MountConfig, ready: Option<OwnedFd>) -> Result<(), DaemonError> {
     let mut ready = ready.map(fs::File::from);
-    // What the waiting `shardfs mount` is told: `ok`, or why not.
-    let mut report = |msg: &str| {
+    // What the waiting `shardfs mount` is told: why not (`ok` is told below).
+    let report = |ready: &mut Option<fs::File>, msg: &str| {
         if let Some(f) = ready.as_mut() {
             let _ = f.write_all(msg.as_bytes());
         }
     };
     if let Err(e) = check_mountpoint(&config.mountpoint, &config.backing) {
-        report(&e.to_string());
+        report(&mut ready, &e.to_string());
         return Err(e);
     }
     let backing = fs::canonicalize(&config.backing).map_err(io_err(&config.backing))?;
@@ -336,10 +363,22 @@ pub fn run_foreground(config: &MountConfig, ready: Option<OwnedFd>) -> Result<()
     let core = match live_core(config, &backing, daemon) {
         Ok(core) => core,
         Err(e) => {
-            report(&e.to_string());
+            report(&mut ready, &e.to_string());
             return Err(e);
         }
     };
+    // Bringing the core up may take long (an object store's tree): the command that asked
+    // may be gone (interrupted), and something else mounted at the mount point meanwhile.
+    if ready.as_ref().is_some_and(waiter_gone) {
+        return Err(DaemonError::StartFailed(
+            "the `shardfs mount` that started this daemon is gone (interrupted): not mounting"
+                .into(),
+        ));
+    }
+    if let Err(e) = check_mountpoint(&config.mountpoint, &config.backing) {
+        report(&mut ready, &e.to_string());
+        return Err(e);
+    }
     let notifier = Arc::new(std::sync::OnceLock::new());
     let session = match Session::new(
         FuseAdapter::new(
@@ -354,7 +393,7 @@ pub fn run_foreground(config: &MountConfig, ready: Option<OwnedFd>) -> Result<()
         Ok(s) => s,
         Err(e) => {
             let e = io_err(&config.mountpoint)(e);
-            report(&format!("mount failed: {e}"));
+            report(&mut ready, &format!("mount failed: {e}"));
             return Err(e);
         }
     };
@@ -368,12 +407,32 @@ pub fn run_foreground(config: &MountConfig, ready: Option<OwnedFd>) -> Result<()
         mountpoint = %config.mountpoint.display(),
         "mounted"
     );
-    report("ok\n");
+    // A command interrupted between the check above and now never hears "ok": the mount
+    // it no longer waits for goes.
+    let heard = ready.as_mut().is_none_or(|f| f.write_all(b"ok\n").is_ok());
     drop(ready);
+    if !heard {
+        error!("the `shardfs mount` that started this daemon is gone (interrupted): unmounting");
+        let _ = detach(&config.mountpoint);
+    }
     let _ = notifier.set(session.notifier());
     let result = serve(session);
     flusher.stop();
     finish(&core, result, &status_file, &config.mountpoint)
+}
+
+/// Whether the reading end of the daemon's report pipe is closed: the `shardfs mount`
+/// waiting for the report is gone.
+fn waiter_gone(report: &fs::File) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut fd = libc::pollfd {
+        fd: report.as_raw_fd(),
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, no waiting.
+    let n = unsafe { libc::poll(&mut fd, 1, 0) };
+    n > 0 && fd.revents & (libc::POLLERR | libc::POLLHUP) != 0
 }
 
 /// Serves the mount's requests until it is unmounted.

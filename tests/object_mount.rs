@@ -1200,3 +1200,104 @@ fn a_look_while_the_bucket_is_gone_keeps_the_tree(kind: Kind) {
     assert_eq!(std::fs::read(c.path("x/c/1")).unwrap(), vec![2; 16]);
     assert_ok(&c.unmount(&[]), "unmount");
 }
+
+/// Whether a daemon serving (or about to serve) `mountpoint` is running.
+fn daemon_running(mountpoint: &Path) -> bool {
+    let wanted = mountpoint.to_str().unwrap().as_bytes().to_vec();
+    std::fs::read_dir("/proc").unwrap().flatten().any(|p| {
+        let cmdline = std::fs::read(p.path().join("cmdline")).unwrap_or_default();
+        let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+        args.contains(&b"--foreground".as_slice()) && args.contains(&wanted.as_slice())
+    })
+}
+
+/// A `shardfs mount` interrupted (Ctrl-C) while its daemon brings the store's tree over
+/// never comes up later: the daemon finds its command gone and stops before mounting (it
+/// went on and mounted about 25 s later, over whatever was mounted there by then, and
+/// writes went to the wrong bucket).
+#[test]
+fn an_interrupted_mount_never_comes_up_later() {
+    let server = StoreServer::start(Kind::S3);
+    server.put("late/a/zarr.json", common::LINE_ARRAY.as_bytes());
+    let (seen, release) = server.proxy.hold_once("GET", "late/a/zarr.json");
+    let (cache, dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mountpoint = dir.path().join("mnt");
+    std::fs::create_dir(&mountpoint).unwrap();
+    let log = dir.path().join("shardfs.log");
+    let url = server.url("late");
+    let mut command = Command::new(common::shardfs_bin())
+        .args(["mount", &url, mountpoint.to_str().unwrap(), "--cache-dir"])
+        .arg(cache.path())
+        .arg("--log-file")
+        .arg(&log)
+        .envs(server.env().iter().map(|(k, v)| (*k, v.as_str())))
+        .spawn()
+        .unwrap();
+    seen.recv_timeout(Duration::from_secs(60))
+        .expect("the daemon fetches the tree");
+    // SAFETY: signalling a child of ours that has not been waited for.
+    unsafe { libc::kill(command.id() as i32, libc::SIGINT) };
+    let _ = command.wait();
+    release.send(()).unwrap();
+    let start = std::time::Instant::now();
+    while daemon_running(&mountpoint) {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the daemon goes on"
+        );
+        assert!(!common::mount::is_mounted(&mountpoint), "mounted after all");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let said = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(!common::mount::is_mounted(&mountpoint), "{said}");
+    assert!(said.contains("gone (interrupted)"), "{said}");
+}
+
+/// libfaketime, which test.sh installs: a process started with it in LD_PRELOAD (and its
+/// children) sees the clock FAKETIME says.
+const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
+/// A node whose clock is 20 s slow orders its writes by the store's clock: its write of a
+/// chunk made after another node's is the one the shard keeps, and its flush says so (the
+/// write was dropped as the older one, and flush said all was durable).
+#[test]
+fn a_node_with_a_slow_clock_orders_its_writes_by_the_stores() {
+    let server = StoreServer::start(Kind::S3);
+    let args = ["--chunks-per-shard", "4", "--idle-flush", "600"];
+    let (b, _cb) = mount(&server, "clock", &args);
+    create_shared(&b.path("x"));
+    assert_ok(
+        &common::shardfs(&["flush", b.mountpoint.to_str().unwrap()]),
+        "flush b",
+    );
+    let cache = tempfile::tempdir().unwrap();
+    let mut slow_args = vec!["--cache-dir", cache.path().to_str().unwrap()];
+    slow_args.extend(args);
+    let mut env = server.env();
+    env.push(("LD_PRELOAD", LIBFAKETIME.to_string()));
+    env.push(("FAKETIME", "-20s".to_string()));
+    let a = Mounted::with_env(Path::new(&server.url("clock")), &slow_args, &env, LIMIT);
+    std::fs::create_dir_all(b.path("x/c/0")).unwrap();
+    std::fs::write(b.path("x/c/0/0"), [0x11; 64]).unwrap();
+    assert_ok(
+        &common::shardfs(&["flush", b.mountpoint.to_str().unwrap()]),
+        "flush b",
+    );
+    std::fs::create_dir_all(a.path("x/c/0")).unwrap();
+    std::fs::write(a.path("x/c/0/0"), [0x22; 64]).unwrap();
+    assert_ok(
+        &common::shardfs(&["flush", a.mountpoint.to_str().unwrap()]),
+        "flush a",
+    );
+    let log = a.log_text();
+    assert!(log.contains("s behind the store's"), "{log}");
+    assert_ok(&a.unmount(&[]), "unmount a");
+    assert_ok(&b.unmount(&[]), "unmount b");
+    let (c, _cc) = mount(&server, "clock", &args);
+    assert_eq!(
+        std::fs::read(c.path("x/c/0/0")).unwrap(),
+        [0x22; 64],
+        "the later write"
+    );
+    assert_ok(&c.unmount(&[]), "unmount c");
+}

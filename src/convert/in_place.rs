@@ -189,16 +189,42 @@ fn array(p: &Packer, dir: &Path, current: &ArrayMetadata) -> Result<(), ConvertE
     if plans.resumed.is_some() {
         lock(&p.summary).resumed += 1;
     }
+    let mut guard = None;
     if step == Step::Stage {
         let before = p.versions(dir, &plans.original)?;
         stage(p, dir, &plans)?;
-        unchanged_since(p, dir, &plans, &before)?;
-        put_document(p, dir, &Node::Array(plans.staging.clone()))?;
+        let mut now = unchanged_since(p, dir, &plans, &before)?;
+        let flipped = flip(p, dir, &plans, &now)?;
         put_state(p, &dir.join(STATE_FILE), &plans.state(true))?;
+        // A writer that still had the old layout may have written a chunk (or its own
+        // document) between the last look and the flip: it would go with the old objects.
+        // The flip is undone (unless the writer's document replaced it already).
+        let after = p.versions(dir, &plans.original)?;
+        let doc_now = after.get(METADATA_FILE).cloned().flatten();
+        if after
+            .iter()
+            .any(|(k, v)| k != METADATA_FILE && now.get(k) != Some(v))
+            || doc_now.as_deref() != Some(flipped.as_str())
+        {
+            if doc_now.as_deref() == Some(flipped.as_str()) {
+                put_document(p, dir, &Node::Array(plans.original.clone()))?;
+            }
+            return Err(rolled_back(p, dir, &plans, 1)?);
+        }
+        now.insert(METADATA_FILE.to_string(), Some(flipped));
+        guard = Some(now);
     }
     if step != Step::Clean {
-        swap(p, dir, &plans)?;
-        put_document(p, dir, &Node::Array(plans.target.clone()))?;
+        swap(p, dir, &plans, guard.as_ref())?;
+        let target = Node::Array(plans.target.clone());
+        match guard
+            .as_ref()
+            .and_then(|g| g.get(METADATA_FILE).cloned().flatten())
+        {
+            // Over the staging document only: a writer's own document is never overwritten.
+            Some(tag) => put_document_if(p, dir, &target, tag)?,
+            None => put_document(p, dir, &target)?,
+        }
     }
     clean(p, dir, &plans)?;
     lock(&p.packed).insert(dir.to_path_buf(), plans.target);
@@ -433,8 +459,8 @@ fn unchanged_since(
     p: &Packer,
     dir: &Path,
     plans: &Plans,
-    before: &std::collections::BTreeMap<String, Option<String>>,
-) -> Result<(), ConvertError> {
+    before: &Versions,
+) -> Result<Versions, ConvertError> {
     let now = p.versions(dir, &plans.original)?;
     let changed = before
         .keys()
@@ -444,8 +470,22 @@ fn unchanged_since(
         .filter(|k| before.get(*k) != now.get(*k))
         .count();
     if changed == 0 {
-        return Ok(());
+        return Ok(now);
     }
+    Err(rolled_back(p, dir, plans, changed)?)
+}
+
+/// The versions of an array's objects (`Packer::versions`).
+type Versions = std::collections::BTreeMap<String, Option<String>>;
+
+/// Undoes the stage of an array that was written meanwhile: the staged objects go (and the
+/// state file, when this run began it). Returns the error that says so.
+fn rolled_back(
+    p: &Packer,
+    dir: &Path,
+    plans: &Plans,
+    changed: usize,
+) -> Result<ConvertError, ConvertError> {
     for staged in p.array_files(dir, &plans.staging)?.chunks.keys() {
         delete(p, &dir.join(staged))?;
     }
@@ -455,10 +495,33 @@ fn unchanged_since(
             .clear_stale_lock(&dir.join(STATE_FILE))
             .map_err(|e| ConvertError::store(p.src, &dir.join(STATE_FILE), e))?;
     }
-    Err(ConvertError::WrittenMeanwhile {
+    Ok(ConvertError::WrittenMeanwhile {
         what: p.src.describe(dir),
         n: changed,
     })
+}
+
+/// Step 2, the flip: the staging document replaces `zarr.json` durably, only if that is
+/// still the version `now` saw (a writer's new attributes are never overwritten).
+fn flip(p: &Packer, dir: &Path, plans: &Plans, now: &Versions) -> Result<String, ConvertError> {
+    let key = dir.join(METADATA_FILE);
+    let Some(Some(tag)) = now.get(METADATA_FILE) else {
+        return Err(rolled_back(p, dir, plans, 1)?);
+    };
+    let doc = Node::Array(plans.staging.clone()).to_json_bytes();
+    let mut durable = || {};
+    let put = p.src.put_within(
+        crate::backing::lock::Within::path(Path::new("")),
+        &key,
+        &[Bytes::from(doc)],
+        Precondition::Matches(tag.clone()),
+        Some(&mut durable),
+    );
+    match put {
+        Ok(info) => Ok(info.tag),
+        Err(crate::store::StoreError::Conflict(_)) => Err(rolled_back(p, dir, plans, 1)?),
+        Err(e) => Err(ConvertError::store(p.src, &key, e)),
+    }
 }
 
 /// The objects to stage, from the objects there now, counted in the summary.
@@ -469,7 +532,16 @@ fn staged_work(p: &Packer, dir: &Path, plans: &Plans) -> Result<Work, ConvertErr
 }
 
 /// Step 3: the old objects go, and each staged one is copied to its own key.
-fn swap(p: &Packer, dir: &Path, plans: &Plans) -> Result<(), ConvertError> {
+/// `guard`, in the run that flipped: the versions of the old objects and of the document
+/// as it left them; every old object goes only if still that version, every new one is
+/// put only where nothing is, and the document must still be its own: a writer that kept
+/// the old layout open and wrote meanwhile stops the run (exit 1, its write kept).
+fn swap(
+    p: &Packer,
+    dir: &Path,
+    plans: &Plans,
+    guard: Option<&Versions>,
+) -> Result<(), ConvertError> {
     // A rerun finds objects of both layouts under the array's own keys: the old ones, and
     // new ones copied before the stop (copied again below).
     let own = [&plans.original, &plans.target];
@@ -478,7 +550,21 @@ fn swap(p: &Packer, dir: &Path, plans: &Plans) -> Result<(), ConvertError> {
         .chunks
         .keys()
     {
-        delete(p, &dir.join(key))?;
+        let when = match guard.map(|g| g.get(key.as_str())) {
+            Some(Some(Some(tag))) => Precondition::Matches(tag.clone()),
+            Some(_) => return Err(written_after_switch(p, &dir.join(key))),
+            None => Precondition::None,
+        };
+        delete_if(p, &dir.join(key), when)?;
+    }
+    if let Some(g) = guard {
+        let doc = p
+            .versions(dir, &plans.original)?
+            .remove(METADATA_FILE)
+            .flatten();
+        if doc != g.get(METADATA_FILE).cloned().flatten() {
+            return Err(written_after_switch(p, &dir.join(METADATA_FILE)));
+        }
     }
     let keys = ChunkKeyEncoding::from_metadata(&plans.target.chunk_key_encoding).map_err(|e| {
         ConvertError::State {
@@ -488,10 +574,45 @@ fn swap(p: &Packer, dir: &Path, plans: &Plans) -> Result<(), ConvertError> {
     })?;
     for (staged, shard) in p.array_files(dir, &plans.staging)?.chunks {
         if let Some(bytes) = p.get(p.src, &dir.join(&staged))? {
-            p.put(&dir.join(keys.encode(&shard)), &[bytes])?;
+            let key = dir.join(keys.encode(&shard));
+            match guard {
+                Some(_) => put_where_nothing_is(p, &key, bytes)?,
+                None => p.put(&key, &[bytes])?,
+            }
         }
     }
     Ok(())
+}
+
+/// A writer with the old layout wrote `key` after the array switched layouts.
+fn written_after_switch(p: &Packer, key: &Path) -> ConvertError {
+    ConvertError::WrittenAfterSwitch(p.src.describe(key))
+}
+
+/// Removes `key` if `when` holds; a newer version there is a writer's (`written_after_switch`).
+fn delete_if(p: &Packer, key: &Path, when: Precondition) -> Result<(), ConvertError> {
+    match p.src.delete(key, when) {
+        Ok(_) => Ok(()),
+        Err(crate::store::StoreError::Conflict(_)) => Err(written_after_switch(p, key)),
+        Err(e) => Err(ConvertError::store(p.src, key, e)),
+    }
+}
+
+/// Puts `bytes` at `key` durably, where nothing is: something there is a writer's.
+fn put_where_nothing_is(p: &Packer, key: &Path, bytes: Bytes) -> Result<(), ConvertError> {
+    let mut durable = || {};
+    let put = p.src.put_within(
+        crate::backing::lock::Within::path(Path::new("")),
+        key,
+        &[bytes],
+        Precondition::Absent,
+        Some(&mut durable),
+    );
+    match put {
+        Ok(_) => Ok(()),
+        Err(crate::store::StoreError::Conflict(_)) => Err(written_after_switch(p, key)),
+        Err(e) => Err(ConvertError::store(p.src, key, e)),
+    }
 }
 
 /// Step 4: the staged objects and the state file go.
@@ -507,6 +628,24 @@ fn clean(p: &Packer, dir: &Path, plans: &Plans) -> Result<(), ConvertError> {
     p.src
         .clear_stale_lock(&state)
         .map_err(|e| ConvertError::store(p.src, &state, e))
+}
+
+/// `put_document`, durably and only over the version `tag`.
+fn put_document_if(p: &Packer, dir: &Path, node: &Node, tag: String) -> Result<(), ConvertError> {
+    let key = dir.join(METADATA_FILE);
+    let mut durable = || {};
+    let put = p.src.put_within(
+        crate::backing::lock::Within::path(Path::new("")),
+        &key,
+        &[Bytes::from(node.to_json_bytes())],
+        Precondition::Matches(tag),
+        Some(&mut durable),
+    );
+    match put {
+        Ok(_) => Ok(()),
+        Err(crate::store::StoreError::Conflict(_)) => Err(written_after_switch(p, &key)),
+        Err(e) => Err(ConvertError::store(p.src, &key, e)),
+    }
 }
 
 fn put_document(p: &Packer, dir: &Path, node: &Node) -> Result<(), ConvertError> {

@@ -90,6 +90,10 @@ pub enum ConvertError {
         "{what}: {n} of its chunks were written, replaced or removed while it was converted in place; nothing of theirs was lost (the array reads as before, with them) and nothing was converted: stop its writers and run again"
     )]
     WrittenMeanwhile { what: String, n: usize },
+    #[error(
+        "{0}: written by a writer that still had the array's old layout open after the array switched to its new one; kept, and the conversion stopped there (exit 1): stop the array's writers, look at that file (its content is in neither layout), then run again to finish"
+    )]
+    WrittenAfterSwitch(String),
     #[error("{0}")]
     Panicked(String),
 }

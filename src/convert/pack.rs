@@ -328,7 +328,8 @@ impl<'a> Packer<'a> {
         })
     }
 
-    /// The version of each chunk object of the array at `dir` (its key and its store's tag):
+    /// The version of each chunk object of the array at `dir`, and of its `zarr.json` (its
+    /// key and its store's tag):
     /// what a conversion in place compares before it switches the array's document, so that
     /// a chunk written meanwhile is never dropped with the old layout.
     pub(super) fn versions(
@@ -340,6 +341,7 @@ impl<'a> Packer<'a> {
         files
             .chunks
             .into_keys()
+            .chain([METADATA_FILE.to_string()])
             .map(|k| {
                 let key = dir.join(&k);
                 let blob = self

@@ -39,10 +39,11 @@ enum Fill {
         min: i128,
         max: i128,
     },
-    /// A number, "NaN", "Infinity", "-Infinity", or "0x" and the raw bits in hex.
-    Float,
-    /// Two floats (`Fill::Float` each).
-    Complex,
+    /// A number, "NaN", "Infinity", "-Infinity", or "0x" and the raw bits in hex (this
+    /// many bytes of them).
+    Float(u64),
+    /// Two floats of this many bytes each (`Fill::Float`).
+    Complex(u64),
     /// `n` bytes: an array of `n` integers 0..255 (raw bits).
     ByteArray(u64),
     /// A string (text, or bytes written as base64 by zarr-python).
@@ -84,11 +85,6 @@ impl DataType {
             "structured" => Some("zarr-python 3.1 cannot write structured arrays sharded"),
             _ => None,
         }
-    }
-
-    /// Whether readers fail on this type in a sharded array (`not_shardable`, reading).
-    pub fn unreadable_sharded(&self) -> bool {
-        self.name == "raw_bytes"
     }
 
     /// Whether `v` is a fill value readers take for this type.
@@ -140,15 +136,13 @@ fn named(name: &str) -> Result<DataType, DataTypeError> {
         // tensorstore stores them a byte each (packing them needs a codec of its own).
         "int2" => fixed(name, 1, Fill::Int { min: -2, max: 1 }),
         "int4" => fixed(name, 1, Fill::Int { min: -8, max: 7 }),
-        "float16" | "bfloat16" => fixed(name, 2, Fill::Float),
-        "float32" => fixed(name, 4, Fill::Float),
-        "float64" => fixed(name, 8, Fill::Float),
-        "complex64" => fixed(name, 8, Fill::Complex),
-        "complex128" => fixed(name, 16, Fill::Complex),
-        "float8_e3m4" | "float8_e4m3" | "float8_e4m3fn" | "float8_e4m3fnuz"
-        | "float8_e4m3b11fnuz" | "float8_e5m2" | "float8_e5m2fnuz" | "float8_e8m0fnu" => {
-            fixed(name, 1, Fill::Float)
-        }
+        "float16" | "bfloat16" => fixed(name, 2, Fill::Float(2)),
+        "float32" => fixed(name, 4, Fill::Float(4)),
+        "float64" => fixed(name, 8, Fill::Float(8)),
+        "complex64" => fixed(name, 8, Fill::Complex(4)),
+        "complex128" => fixed(name, 16, Fill::Complex(8)),
+        "float8_e3m4" | "float8_e4m3fn" | "float8_e4m3fnuz" | "float8_e4m3b11fnuz"
+        | "float8_e5m2" | "float8_e5m2fnuz" | "float8_e8m0fnu" => fixed(name, 1, Fill::Float(1)),
         "string" | "variable_length_bytes" => DataType {
             name: name.to_string(),
             item_size: None,
@@ -183,19 +177,19 @@ fn configured(name: &str, config: Option<&Value>) -> Result<DataType, DataTypeEr
             const UNITS: [&str; 13] = [
                 "Y", "M", "W", "D", "h", "m", "s", "ms", "us", "μs", "ns", "ps", "fs",
             ];
-            match unit {
-                Some(u) if UNITS.contains(&u) || u == "as" || u == "generic" => {
+            let scale = config
+                .and_then(|c| c.get("scale_factor"))
+                .and_then(Value::as_u64);
+            match (unit, scale) {
+                (Some(u), Some(1..)) if UNITS.contains(&u) || u == "as" || u == "generic" => {
                     Ok(fixed(name, 8, Fill::Time))
                 }
+                (_, None | Some(0)) => Err(bad("configuration.scale_factor must be 1 or more")),
                 _ => Err(bad("configuration.unit is not a numpy time unit")),
             }
         }
         "null_terminated_bytes" | "fixed_length_utf32" | "raw_bytes" => {
-            let n = length()?;
-            if name == "fixed_length_utf32" && !n.is_multiple_of(4) {
-                return Err(bad("configuration.length_bytes is not a multiple of 4"));
-            }
-            Ok(fixed(name, n, Fill::Text))
+            Ok(fixed(name, length()?, Fill::Text))
         }
         "structured" | "struct" => {
             let size = fields_size(config).map_err(|r| bad(&r))?;
@@ -235,7 +229,12 @@ fn fill_fault(fill: &Fill, v: &Value) -> Option<String> {
     let ok = match (fill, v) {
         (Fill::Bool, Value::Bool(_)) => true,
         (Fill::Int { min, max }, Value::Number(n)) => {
-            let Some(i) = n.as_i64().map(i128::from).or(n.as_u64().map(i128::from)) else {
+            // Readers take a whole number written as a float (1.0) too.
+            let whole = n
+                .as_f64()
+                .filter(|f| f.fract() == 0.0 && f.abs() < 2f64.powi(63));
+            let i = n.as_i64().map(i128::from).or(n.as_u64().map(i128::from));
+            let Some(i) = i.or(whole.map(|f| f as i128)) else {
                 return Some("not a whole number".into());
             };
             if i < *min || i > *max {
@@ -243,8 +242,10 @@ fn fill_fault(fill: &Fill, v: &Value) -> Option<String> {
             }
             true
         }
-        (Fill::Float, v) => is_float(v),
-        (Fill::Complex, Value::Array(a)) => a.len() == 2 && a.iter().all(is_float),
+        (Fill::Float(size), v) => is_float(v, *size),
+        (Fill::Complex(size), Value::Array(a)) => {
+            a.len() == 2 && a.iter().all(|f| is_float(f, *size))
+        }
         (Fill::ByteArray(n), Value::Array(a)) => {
             a.len() as u64 == *n && a.iter().all(|b| b.as_u64().is_some_and(|b| b < 256))
         }
@@ -257,13 +258,15 @@ fn fill_fault(fill: &Fill, v: &Value) -> Option<String> {
     (!ok).then(String::new)
 }
 
-fn is_float(v: &Value) -> bool {
+/// Whether `v` is a fill value of a float of `size` bytes (raw bits in hex: that many).
+fn is_float(v: &Value, size: u64) -> bool {
     match v {
         Value::Number(_) => true,
         Value::String(s) => {
             matches!(s.as_str(), "NaN" | "Infinity" | "-Infinity")
-                || s.strip_prefix("0x")
-                    .is_some_and(|h| !h.is_empty() && h.bytes().all(|b| b.is_ascii_hexdigit()))
+                || s.strip_prefix("0x").is_some_and(|h| {
+                    h.len() as u64 == 2 * size && h.bytes().all(|b| b.is_ascii_hexdigit())
+                })
         }
         _ => false,
     }
@@ -337,7 +340,13 @@ mod tests {
 
     #[test]
     fn what_readers_refuse_is_refused() {
-        for bad in [json!("uint12"), json!("r12"), json!("float128"), json!(3)] {
+        for bad in [
+            json!("uint12"),
+            json!("r12"),
+            json!("float128"),
+            json!("float8_e4m3"),
+            json!(3),
+        ] {
             assert!(
                 matches!(DataType::of(&bad), Err(DataTypeError::Unknown(_))),
                 "{bad}"
@@ -350,6 +359,12 @@ mod tests {
         assert!(u16.check_fill(&json!(-1)).is_err());
         assert!(u16.check_fill(&json!(1.5)).is_err());
         assert!(u16.check_fill(&json!(65535)).is_ok());
+        assert!(
+            u16.check_fill(&json!(255.0)).is_ok(),
+            "a whole number written as a float"
+        );
+        let no_scale = json!({"name": "numpy.datetime64", "configuration": {"unit": "s"}});
+        assert!(DataType::of(&no_scale).is_err());
         let f = DataType::of(&json!("float32")).unwrap();
         for good in [
             json!("NaN"),

@@ -192,16 +192,29 @@ pub struct MemState {
     pub made_in: Option<(std::path::PathBuf, u64, u64)>,
 }
 
-/// Nanoseconds since the epoch, now.
+/// How far the clock content times are taken on (the object store's, when this process
+/// mounts one) runs ahead of this machine's, in ns (`set_clock_offset`).
+static CLOCK_OFFSET_NS: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+
+/// From now on, content times are this machine's clock plus `ns`: nodes of one object store
+/// order their writes of a chunk by the store's clock, whatever their own clocks say.
+pub fn set_clock_offset(ns: i64) {
+    CLOCK_OFFSET_NS.store(ns, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// The wall-clock time, in ns since the epoch, as content times (`shard::stamps`) take it:
-/// never earlier than one this process gave before, so that a clock stepped back never
-/// orders this mount's later write of a chunk before its earlier one.
+/// on the store's clock (`set_clock_offset`), and never earlier than one this process gave
+/// before, so that a clock stepped back never orders this mount's later write of a chunk
+/// before its earlier one.
 pub fn now_ns() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static LAST: AtomicU64 = AtomicU64::new(0);
-    let wall = SystemTime::now()
+    let here = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
+        .map_or(0, |d| d.as_nanos() as i64);
+    let wall = here
+        .saturating_add(CLOCK_OFFSET_NS.load(Ordering::Relaxed))
+        .max(0) as u64;
     let prev = LAST.fetch_max(wall, Ordering::Relaxed);
     if wall > prev {
         return wall;

@@ -67,23 +67,29 @@ impl ShardRegistry {
             let shard = f.0.layout.locate(&f.1).shard;
             groups.entry((f.0.rel.clone(), shard)).or_default().push(f);
         }
-        let mut shared: Vec<(Arc<ShardSlot>, Vec<Taken>, Unbooked)> = Vec::new();
+        // Shards with a body first: their appends sync on their own, and must not run while
+        // contents taken for the shared segments wait to be booked (`Unbooked`).
+        let mut to_share = Vec::new();
         for ((_, shard), group) in groups {
             let slot = self.slot(backing, &group[0].0, &shard)?;
             if !self.journal_shard(backing, journal, &slot, &group)? {
-                // What the shard holds, which each record names as the state it goes over,
-                // is final and durable while taken: no write of the shard in flight (it
-                // could put an older content there), nothing of it unsynced.
-                let (mut taken, unbooked) = {
-                    let _writer = lock(&slot.writing);
-                    self.durable_base(backing, &slot)?;
-                    let taken = self.take(journal, &slot, &group);
-                    let unbooked = Unbooked::new(&slot, taken.len());
-                    (taken, unbooked)
-                };
-                stored_form(&slot.array, &mut taken)?;
-                shared.push((slot, taken, unbooked));
+                to_share.push((slot, group));
             }
+        }
+        let mut shared: Vec<(Arc<ShardSlot>, Vec<Taken>, Unbooked)> = Vec::new();
+        for (slot, group) in to_share {
+            // What the shard holds, which each record names as the state it goes over, is
+            // final and durable while taken: no write of the shard in flight (it could put
+            // an older content there), nothing of it unsynced.
+            let (mut taken, unbooked) = {
+                let _writer = lock(&slot.writing);
+                self.durable_base(backing, &slot)?;
+                let taken = self.take(journal, &slot, &group);
+                let unbooked = Unbooked::new(&slot, taken.len());
+                (taken, unbooked)
+            };
+            stored_form(&slot.array, &mut taken)?;
+            shared.push((slot, taken, unbooked));
         }
         #[cfg(test)]
         PAUSE_BEFORE_APPEND.with_borrow(|pause| {
@@ -162,16 +168,19 @@ impl ShardRegistry {
     /// Waits (holding the slot's `writing`, so that no content is taken meanwhile) until
     /// every record taken from the slot is booked in its ledger, or given up: a shard write
     /// then sees every record it makes obsolete.
-    pub(super) fn wait_for_bookings(&self, slot: &ShardSlot) {
+    pub(super) fn wait_for_bookings(&self, slot: &ShardSlot) -> Result<(), FsError> {
         let start = std::time::Instant::now();
         while slot.unbooked.load(Ordering::SeqCst) > 0 {
             if start.elapsed() > BOOKING_WAIT {
-                tracing::warn!(shard = %self.describe(&slot.array.shard_rel(&slot.shard)),
-                    "journal records still being written after a minute: shard written without them");
-                return;
+                // Not written without them (their retirement would come outside the key
+                // lock): the write fails, and is tried again like any failed one.
+                return Err(FsError::Io(std::io::Error::other(
+                    "journal records of the shard still being written after a minute",
+                )));
             }
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
+        Ok(())
     }
 
     /// Appends the chunks of shards without a body to the shared segments, with one sync.
@@ -196,10 +205,18 @@ impl ShardRegistry {
             return Ok(());
         }
         let mut records = journal.append(&entries)?.into_iter();
+        // Every group is booked (and its count given back) before any removal is journaled:
+        // that takes a slot's writing lock, which a shard write waiting for a count holds.
+        let mut due = Vec::new();
         for (slot, taken, unbooked) in shared {
             let recs: Vec<RecordRef> = records.by_ref().take(taken.len()).collect();
             let recs = recs.into_iter().map(|r| (r, None));
-            self.attach(backing, &slot, None, &taken, recs, Some(unbooked));
+            let removals = self.attach(&slot, None, &taken, recs);
+            drop(unbooked);
+            due.push((slot, removals));
+        }
+        for (slot, removals) in due {
+            self.journal_removals(backing, &slot, removals);
         }
         Ok(())
     }
@@ -236,7 +253,8 @@ impl ShardRegistry {
                 let recs = chunks
                     .into_iter()
                     .map(|BodyChunk { record, range }| (record, Some(range)));
-                self.attach(backing, slot, Some(&body), &taken, recs, None);
+                let removals = self.attach(slot, Some(&body), &taken, recs);
+                self.journal_removals(backing, slot, removals);
                 return Ok(true);
             }
             // A shard write took the body: once it is over (the next try waits for it),
@@ -274,16 +292,15 @@ impl ShardRegistry {
     }
 
     /// Books each durable record in the ledger of its position (and, for a body, where the
-    /// chunk's bytes are, if the file is still its chunk's).
+    /// chunk's bytes are, if the file is still its chunk's). Returns the removals to journal
+    /// after it (`journal_removals`): positions deleted while their records were written.
     fn attach(
         &self,
-        backing: &Backing,
         slot: &ShardSlot,
         body: Option<&Arc<Body>>,
         taken: &[Taken],
         records: impl Iterator<Item = (RecordRef, Option<ChunkRange>)>,
-        unbooked: Option<Unbooked>,
-    ) {
+    ) -> Vec<(Vec<u64>, u64)> {
         let mut late = Vec::new();
         let mut removals = Vec::new();
         {
@@ -311,13 +328,15 @@ impl ShardRegistry {
                 }
             }
         }
-        // Booked: a shard write waiting for them may go on (before the removals below,
-        // which take the slot's writing lock themselves).
-        drop(unbooked);
         if !late.is_empty() {
             self.note_unsynced(&slot.array, &slot.shard, late);
         }
-        for (coords, stamp) in removals {
+        removals
+    }
+
+    /// Journals the removals `attach` found due.
+    fn journal_removals(&self, backing: &Backing, slot: &ShardSlot, due: Vec<(Vec<u64>, u64)>) {
+        for (coords, stamp) in due {
             self.journal_removal(backing, slot, &coords, stamp);
         }
     }
@@ -364,16 +383,16 @@ const BOOKING_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Contents taken from a slot for records not yet booked: counted in the slot while this
 /// lives (`ShardRegistry::wait_for_bookings`), whatever becomes of the append.
-struct Unbooked {
-    slot: Arc<ShardSlot>,
+pub(super) struct Unbooked {
+    count: Arc<std::sync::atomic::AtomicU64>,
     n: u64,
 }
 
 impl Unbooked {
-    fn new(slot: &Arc<ShardSlot>, n: usize) -> Unbooked {
+    pub(super) fn new(slot: &ShardSlot, n: usize) -> Unbooked {
         slot.unbooked.fetch_add(n as u64, Ordering::SeqCst);
         Unbooked {
-            slot: slot.clone(),
+            count: slot.unbooked.clone(),
             n: n as u64,
         }
     }
@@ -381,7 +400,7 @@ impl Unbooked {
 
 impl Drop for Unbooked {
     fn drop(&mut self) {
-        self.slot.unbooked.fetch_sub(self.n, Ordering::SeqCst);
+        self.count.fetch_sub(self.n, Ordering::SeqCst);
     }
 }
 

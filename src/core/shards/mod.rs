@@ -122,7 +122,7 @@ struct ShardSlot {
     /// Chunk contents taken for journal records that are not booked in the ledger yet
     /// (`body::Unbooked`): a shard write waits for them before it chooses what it writes,
     /// so that every record it makes obsolete is retired under its key lock.
-    unbooked: AtomicU64,
+    unbooked: Arc<AtomicU64>,
 }
 
 #[derive(Debug, Default)]
@@ -292,7 +292,7 @@ impl ShardRegistry {
                             writing: Mutex::default(),
                             body_init: Mutex::default(),
                             last_used: AtomicU64::new(self.tick()),
-                            unbooked: AtomicU64::new(0),
+                            unbooked: Arc::default(),
                         });
                         let gone = slots.insert(key, fresh.clone()).and_then(|gone| {
                             let mut st = lock(&gone.state);

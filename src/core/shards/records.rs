@@ -35,14 +35,16 @@ impl ShardRegistry {
         let (meta, instance) = self.layout_of(slot);
         let pos = slot.array.layout.locate(coords).pos;
         // As for content records (`journal_chunks`): the state named is final and durable.
-        let was = {
+        // Counted until booked, as content records are (`body::Unbooked`).
+        let (was, _unbooked) = {
             let _writer = lock(&slot.writing);
             if let Err(e) = self.durable_base(backing, slot) {
                 tracing::warn!(array = %slot.array.rel.display(), ?coords,
                     "removal not journaled (an fsync of its directory writes it): {e}");
                 return;
             }
-            self.stored_was(slot, pos, &mut lock(&slot.state))
+            let was = self.stored_was(slot, pos, &mut lock(&slot.state));
+            (was, super::body::Unbooked::new(slot, 1))
         };
         let entry = Entry {
             array: &slot.array.rel,

@@ -142,7 +142,7 @@ impl ShardRegistry {
         mode: WriteMode,
     ) -> Result<(), FsError> {
         let _writer = lock(&slot.writing);
-        self.wait_for_bookings(slot);
+        self.wait_for_bookings(slot)?;
         let journal = self.journal().cloned();
         // The shard's body is taken first (no more appends), before the chunks are chosen:
         // whatever an fsync put into it is then pending at the version chosen or later.

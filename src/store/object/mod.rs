@@ -200,6 +200,26 @@ impl ObjectBacked {
         })
     }
 
+    /// How far the store's clock runs ahead of this machine's, in ns (negative: behind),
+    /// from the `Date` of one answer: good to about a second (the header's precision) and
+    /// the request's time. `None` when the store sends no `Date`.
+    pub fn clock_offset_ns(&self) -> io::Result<Option<i64>> {
+        let before = std::time::SystemTime::now();
+        let (date, took) = bounded(&self.runtime, 0, self.raw.store_time())
+            .map_err(|e| io::Error::other(format!("{}: {e}", self.url)))?;
+        let Some(date) = date else {
+            return Ok(None);
+        };
+        // Dated while the request was under way, to the second below.
+        let local = before + took / 2;
+        let store = date + Duration::from_millis(500);
+        let ns = |t: std::time::SystemTime| {
+            t.duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as i64)
+        };
+        Ok(Some(ns(store) - ns(local)))
+    }
+
     /// Makes sure that "no such object" means that: the bucket (or container) is there.
     /// A server that lost everything (restarted empty) answers 404 for every key, and its
     /// objects are not absent but lost: EIO, naming the URL. Asked once a second at most

@@ -10,6 +10,8 @@
 
 use std::sync::Arc;
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use object_store::aws::{AmazonS3, AwsAuthorizer};
 use object_store::azure::{AzureAuthorizer, MicrosoftAzure};
@@ -120,7 +122,31 @@ impl Raw {
     }
 
     /// Signs and sends `request`; the answer's status and body.
-    async fn send(&self, mut request: HttpRequest) -> Result<(u16, Bytes)> {
+    async fn send(&self, request: HttpRequest) -> Result<(u16, Bytes)> {
+        self.send_dated(request)
+            .await
+            .map(|(status, body, _)| (status, body))
+    }
+
+    /// The store's clock: the `Date` of its answer to a listing of one page (`None` when it
+    /// sends none), and how long the request took.
+    pub(super) async fn store_time(&self) -> Result<(Option<std::time::SystemTime>, Duration)> {
+        let url = match self.signer {
+            Signer::Azure { .. } => format!(
+                "{}?restype=container&comp=list&maxresults=1",
+                self.bucket_url
+            ),
+            _ => format!("{}?list-type=2&max-keys=1", self.bucket_url),
+        };
+        let sent = std::time::Instant::now();
+        let (_, _, date) = self
+            .send_dated(self.request(http::Method::GET, &url)?)
+            .await?;
+        Ok((date.as_deref().and_then(http_date), sent.elapsed()))
+    }
+
+    /// `send`, with the answer's `Date` header.
+    async fn send_dated(&self, mut request: HttpRequest) -> Result<(u16, Bytes, Option<String>)> {
         match &self.signer {
             Signer::S3 { store, region } => {
                 let credential = store.credentials().get_credential().await?;
@@ -147,12 +173,17 @@ impl Raw {
             .await
             .map_err(|e| failed("the request", e))?;
         let status = answer.status().as_u16();
+        let date = answer
+            .headers()
+            .get(http::header::DATE)
+            .and_then(|d| d.to_str().ok())
+            .map(str::to_string);
         let body = answer
             .into_body()
             .bytes()
             .await
             .map_err(|e| failed("the answer", e))?;
-        Ok((status, body))
+        Ok((status, body, date))
     }
 
     fn request(&self, method: http::Method, url: &str) -> Result<HttpRequest> {
@@ -225,6 +256,35 @@ impl Raw {
 /// The names of an S3/GCS `ListBucketResult` or an Azure `EnumerationResults`. Names
 /// come URL-encoded where the answer says so (S3's `EncodingType` url, which was asked
 /// for; Azure's `Encoded="true"` on a name XML cannot carry).
+/// An HTTP date (`Sun, 06 Nov 1994 08:49:37 GMT`, the form every server sends) as a time.
+fn http_date(text: &str) -> Option<std::time::SystemTime> {
+    let mut parts = text.split_whitespace().skip(1);
+    let day: i64 = parts.next()?.parse().ok()?;
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let name = parts.next()?;
+    let month = MONTHS.iter().position(|m| *m == name)? as i64 + 1;
+    let year: i64 = parts.next()?.parse().ok()?;
+    let hms: Vec<i64> = parts
+        .next()?
+        .split(':')
+        .map(|n| n.parse().ok())
+        .collect::<Option<_>>()?;
+    let [h, m, s] = hms[..] else {
+        return None;
+    };
+    // Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * ((month + 9) % 12) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146097 + doe - 719468;
+    let secs = u64::try_from(days * 86400 + h * 3600 + m * 60 + s).ok()?;
+    Some(std::time::UNIX_EPOCH + Duration::from_secs(secs))
+}
+
 fn parse_listing(body: &[u8], azure: bool) -> Result<Page> {
     let texts = element_texts(body)?;
     let url_encoded = texts
@@ -315,6 +375,18 @@ fn resolved(r: &quick_xml::events::BytesRef) -> std::result::Result<String, Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn http_dates_are_read() {
+        let t = super::http_date("Sat, 05 Dec 2026 20:53:01 GMT").unwrap();
+        let secs = t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+        assert_eq!(secs, 1_796_503_981);
+        assert_eq!(
+            super::http_date("Thu, 01 Jan 1970 00:00:00 GMT"),
+            Some(std::time::UNIX_EPOCH)
+        );
+        assert_eq!(super::http_date("yesterday"), None);
+    }
 
     #[test]
     fn listings_of_each_provider_are_read() {
