@@ -594,3 +594,31 @@ fn data_types_readers_cannot_take_sharded_are_refused() {
         assert!(!dst.exists(), "{dtype}: nothing written");
     }
 }
+
+/// Numbers in documents survive a pack exactly: an attribute 2**70 of an array and of its
+/// group's consolidated metadata (it became 1.1805916207174113e+21), into DST and in place.
+#[test]
+fn numbers_in_documents_survive_a_pack_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    let code = "import sys, zarr\n\
+                g = zarr.open_group(sys.argv[1], mode='w')\n\
+                g.attrs['big'] = 2**70\n\
+                a = g.create_array('a', shape=(8,), chunks=(2,), dtype='uint8', compressors=None)\n\
+                a[:] = 1\n\
+                a.attrs['big'] = 2**70\n\
+                zarr.consolidate_metadata(sys.argv[1])";
+    common::python_run(&["-c", code, s(&src)], "an array with 2**70");
+    let dst = dir.path().join("dst");
+    assert_ok(&shardfs(&["pack", s(&src), s(&dst)]), "pack into DST");
+    assert_ok(&shardfs(&["pack", s(&src)]), "pack in place");
+    for root in [&dst, &src] {
+        for doc in ["zarr.json", "a/zarr.json"] {
+            let text = std::fs::read_to_string(root.join(doc)).unwrap();
+            assert!(text.contains("1180591620717411303424"), "{doc}: {text}");
+            assert!(!text.contains("e+21"), "{doc}: {text}");
+        }
+        let a = std::fs::read_to_string(root.join("a/zarr.json")).unwrap();
+        assert!(a.contains("sharding_indexed"), "{a}");
+    }
+}

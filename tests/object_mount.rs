@@ -1283,6 +1283,8 @@ fn a_node_with_a_slow_clock_orders_its_writes_by_the_stores() {
         &common::shardfs(&["flush", b.mountpoint.to_str().unwrap()]),
         "flush b",
     );
+    // Later by more than the store's clock can be read to (its Date is to the second).
+    std::thread::sleep(Duration::from_millis(2500));
     std::fs::create_dir_all(a.path("x/c/0")).unwrap();
     std::fs::write(a.path("x/c/0/0"), [0x22; 64]).unwrap();
     assert_ok(

@@ -111,6 +111,20 @@ pub struct ArrayMetadata {
     /// the original only where its values do.
     #[serde(skip)]
     pub key_order: Vec<String>,
+    /// The text it was read from (`Node::parse`), whose numbers a rewrite keeps exactly.
+    #[serde(skip)]
+    pub source: Source,
+}
+
+/// The text a document was read from (`zarr::exact`). Two documents of equal values are
+/// equal, whatever their texts.
+#[derive(Clone, Debug, Default)]
+pub struct Source(pub Option<std::sync::Arc<[u8]>>);
+
+impl PartialEq for Source {
+    fn eq(&self, _: &Source) -> bool {
+        true
+    }
 }
 
 /// A group's `zarr.json`. Consolidated metadata stays in `extra` (it may be `null`, and its
@@ -123,6 +137,8 @@ pub struct GroupMetadata {
     pub node_type: String,
     #[serde(skip)]
     pub key_order: Vec<String>,
+    #[serde(skip)]
+    pub source: Source,
 }
 
 // Few documents are alive at once; boxing the array variant would only add noise.
@@ -153,7 +169,11 @@ pub enum MetadataError {
 impl Node {
     pub fn parse(bytes: &[u8]) -> Result<Node, MetadataError> {
         let value: Value = serde_json::from_slice(bytes).map_err(MetadataError::Json)?;
-        Node::from_value(value)
+        let source = Source(Some(std::sync::Arc::from(bytes)));
+        Ok(match Node::from_value(value)? {
+            Node::Array(a) => Node::Array(ArrayMetadata { source, ..a }),
+            Node::Group(g) => Node::Group(GroupMetadata { source, ..g }),
+        })
     }
 
     pub fn from_value(value: Value) -> Result<Node, MetadataError> {
@@ -203,9 +223,18 @@ impl Node {
         }
     }
 
-    /// Pretty JSON with two-space indentation, as zarr-python writes it.
+    /// Pretty JSON with two-space indentation, as zarr-python writes it; what did not change
+    /// since it was read, as its text had it (`zarr::exact`).
     pub fn to_json_bytes(&self) -> Vec<u8> {
-        serde_json::to_vec_pretty(&self.to_value()).unwrap_or_default()
+        let new = serde_json::to_vec_pretty(&self.to_value()).unwrap_or_default();
+        let source = match self {
+            Node::Array(a) => &a.source,
+            Node::Group(g) => &g.source,
+        };
+        match &source.0 {
+            Some(text) => super::exact::keep_original_scalars(text, new),
+            None => new,
+        }
     }
 }
 

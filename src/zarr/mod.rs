@@ -2,6 +2,7 @@
 //! sharded arrays and their unsharded view. Pure: no I/O.
 
 pub mod dtype;
+pub mod exact;
 pub mod key;
 pub mod layout;
 pub mod metadata;
