@@ -362,23 +362,26 @@ fn pull_dir(
         return Err(e.into());
     }
     found.dirs += 1;
-    let mut is_array = false;
     // The document first: below an array everything else is its key tree (shards, which
     // stay in the store), whatever the key encoding makes of their names.
-    let mut names: Vec<&String> = listing.objects.iter().collect();
-    names.sort_by_key(|n| n.as_str() != "zarr.json");
-    for name in names {
-        let key = join_rel(dir, name.as_ref());
-        if (dir.as_os_str().is_empty() && name.starts_with(".shardfs")) || is_array {
-            continue;
-        }
-        let Some(bytes) = pull_file(store, local, &key, found)? else {
-            continue;
-        };
-        if name == "zarr.json" {
+    let mut is_array = false;
+    if listing.objects.iter().any(|n| n == "zarr.json") {
+        let key = join_rel(dir, "zarr.json".as_ref());
+        if let Some(got) = store.get(&key, MAX_MIRRORED).transpose() {
+            let bytes = keep_file(local, &key, got, found)?;
             found.documents += 1;
-            is_array = is_array_document(&bytes);
+            is_array = bytes.is_some_and(|b| is_array_document(&b));
         }
+    }
+    if !is_array {
+        let others: Vec<PathBuf> = listing
+            .objects
+            .iter()
+            .filter(|n| n.as_str() != "zarr.json")
+            .filter(|n| !(dir.as_os_str().is_empty() && n.starts_with(".shardfs")))
+            .map(|n| join_rel(dir, n.as_ref()))
+            .collect();
+        pull_files(store, local, &others, found)?;
     }
     if is_array {
         // Below an array is its key tree: shards, read from the store as they are needed.
@@ -394,18 +397,57 @@ fn pull_dir(
     Ok(())
 }
 
-/// Copies the store's file `key` into the mirror; returns its bytes (also when the mirror
-/// cannot hold its name, skipped), or `None` when removed since listed or too large.
-fn pull_file(
+/// Objects fetched at once while the tree is mirrored: thousands of small files beside the
+/// arrays (logs, thumbnails) must not cost a round trip each, one after the other.
+const PARALLEL_GETS: usize = 32;
+/// Objects fetched before they are written into the mirror (what is held in memory).
+const GETS_PER_BATCH: usize = 256;
+
+/// Copies the store's files `keys` into the mirror, fetched `PARALLEL_GETS` at a time.
+fn pull_files(
     store: &dyn Store,
     local: &Backing,
+    keys: &[PathBuf],
+    found: &mut Mirrored,
+) -> Result<(), StoreError> {
+    for batch in keys.chunks(GETS_PER_BATCH) {
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let got: Mutex<Vec<Option<Fetched>>> = Mutex::new((0..batch.len()).map(|_| None).collect());
+        std::thread::scope(|scope| {
+            for _ in 0..PARALLEL_GETS.min(batch.len()) {
+                scope.spawn(|| {
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(key) = batch.get(i) else { break };
+                        let one = store.get(key, MAX_MIRRORED);
+                        lock(&got)[i] = Some(one);
+                    }
+                });
+            }
+        });
+        let got = got.into_inner().unwrap_or_else(|e| e.into_inner());
+        for (key, one) in batch.iter().zip(got) {
+            if let Some(Some(one)) = one.map(Result::transpose) {
+                keep_file(local, key, one, found)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What fetching one object gave.
+type Fetched = Result<Option<(Bytes, crate::store::ObjectInfo)>, StoreError>;
+
+/// Writes the store's file `key`, as fetched, into the mirror; returns its bytes (also when
+/// the mirror cannot hold its name, skipped), or `None` when too large.
+fn keep_file(
+    local: &Backing,
     key: &Path,
+    got: Result<(Bytes, crate::store::ObjectInfo), StoreError>,
     found: &mut Mirrored,
 ) -> Result<Option<Bytes>, StoreError> {
-    let (bytes, info) = match store.get(key, MAX_MIRRORED) {
-        Ok(Some(got)) => got,
-        // Removed since it was listed.
-        Ok(None) => return Ok(None),
+    let (bytes, info) = match got {
+        Ok(got) => got,
         Err(StoreError::Io(e)) if e.raw_os_error() == Some(libc::EFBIG) => {
             found.skipped.push(key.display().to_string());
             warn!(key = %key.display(), "larger than {MAX_MIRRORED} bytes: not shown");

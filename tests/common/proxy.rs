@@ -289,6 +289,7 @@ fn pass(mut client: TcpStream, target: u16, state: &State, req: &Request) -> Opt
     let fault = matching(state, req);
     let mut lose_answer = false;
     let mut reset = false;
+    let mut stall = None;
     if let Some(f) = &fault {
         match &*f.lock().unwrap() {
             Fault::Status(code) => {
@@ -296,7 +297,8 @@ fn pass(mut client: TcpStream, target: u16, state: &State, req: &Request) -> Opt
                 let _ = client.shutdown(Shutdown::Both);
                 return Some(*code);
             }
-            Fault::Stall(d) => std::thread::sleep(*d),
+            // Slept after the rule is let go: stalled requests run side by side.
+            Fault::Stall(d) => stall = Some(*d),
             Fault::ResetMidRequest => reset = true,
             Fault::LoseAnswer => lose_answer = true,
             Fault::Hold(seen, release) => {
@@ -304,6 +306,9 @@ fn pass(mut client: TcpStream, target: u16, state: &State, req: &Request) -> Opt
                 let _ = release.recv();
             }
         }
+    }
+    if let Some(d) = stall {
+        std::thread::sleep(d);
     }
     if state.down.load(SeqCst) {
         let _ = client.shutdown(Shutdown::Both);
