@@ -215,14 +215,23 @@ fn array(p: &Packer, dir: &Path, current: &ArrayMetadata) -> Result<(), ConvertE
         guard = Some(now);
     }
     if step != Step::Clean {
-        swap(p, dir, &plans, guard.as_ref())?;
+        let put = swap(p, dir, &plans, guard.as_ref())?;
         let target = Node::Array(plans.target.clone());
         match guard
             .as_ref()
             .and_then(|g| g.get(METADATA_FILE).cloned().flatten())
         {
             // Over the staging document only: a writer's own document is never overwritten.
-            Some(tag) => put_document_if(p, dir, &target, tag)?,
+            Some(tag) => {
+                let key = dir.join(METADATA_FILE);
+                put_durably_if(p, &key, node_bytes(&target), Precondition::Matches(tag))?;
+                // And the new objects are still those put: a writer with the old layout
+                // that wrote one of their keys since is named, not left unsaid.
+                let now = p.versions(dir, &plans.target)?;
+                if let Some((key, _)) = put.iter().find(|(k, v)| now.get(*k) != Some(v)) {
+                    return Err(written_after_switch(p, &dir.join(key)));
+                }
+            }
             None => put_document(p, dir, &target)?,
         }
     }
@@ -508,19 +517,11 @@ fn flip(p: &Packer, dir: &Path, plans: &Plans, now: &Versions) -> Result<String,
     let Some(Some(tag)) = now.get(METADATA_FILE) else {
         return Err(rolled_back(p, dir, plans, 1)?);
     };
-    let doc = Node::Array(plans.staging.clone()).to_json_bytes();
-    let mut durable = || {};
-    let put = p.src.put_within(
-        crate::backing::lock::Within::path(Path::new("")),
-        &key,
-        &[Bytes::from(doc)],
-        Precondition::Matches(tag.clone()),
-        Some(&mut durable),
-    );
-    match put {
-        Ok(info) => Ok(info.tag),
-        Err(crate::store::StoreError::Conflict(_)) => Err(rolled_back(p, dir, plans, 1)?),
-        Err(e) => Err(ConvertError::store(p.src, &key, e)),
+    let staging = node_bytes(&Node::Array(plans.staging.clone()));
+    match put_durably_if(p, &key, staging, Precondition::Matches(tag.clone())) {
+        // Changed since that look: nothing is switched, the stage is undone.
+        Err(ConvertError::WrittenAfterSwitch(_)) => Err(rolled_back(p, dir, plans, 1)?),
+        r => r,
     }
 }
 
@@ -541,7 +542,7 @@ fn swap(
     dir: &Path,
     plans: &Plans,
     guard: Option<&Versions>,
-) -> Result<(), ConvertError> {
+) -> Result<Versions, ConvertError> {
     // A rerun finds objects of both layouts under the array's own keys: the old ones, and
     // new ones copied before the stop (copied again below).
     let own = [&plans.original, &plans.target];
@@ -572,16 +573,22 @@ fn swap(
             why: e.to_string(),
         }
     })?;
+    let mut put = Versions::new();
     for (staged, shard) in p.array_files(dir, &plans.staging)?.chunks {
         if let Some(bytes) = p.get(p.src, &dir.join(&staged))? {
-            let key = dir.join(keys.encode(&shard));
+            let name = keys.encode(&shard);
+            let key = dir.join(&name);
             match guard {
-                Some(_) => put_where_nothing_is(p, &key, bytes)?,
+                // Only where nothing is: something there is a writer's.
+                Some(_) => {
+                    let tag = put_durably_if(p, &key, bytes, Precondition::Absent)?;
+                    put.insert(name, Some(tag));
+                }
                 None => p.put(&key, &[bytes])?,
             }
         }
     }
-    Ok(())
+    Ok(put)
 }
 
 /// A writer with the old layout wrote `key` after the array switched layouts.
@@ -592,23 +599,6 @@ fn written_after_switch(p: &Packer, key: &Path) -> ConvertError {
 /// Removes `key` if `when` holds; a newer version there is a writer's (`written_after_switch`).
 fn delete_if(p: &Packer, key: &Path, when: Precondition) -> Result<(), ConvertError> {
     match p.src.delete(key, when) {
-        Ok(_) => Ok(()),
-        Err(crate::store::StoreError::Conflict(_)) => Err(written_after_switch(p, key)),
-        Err(e) => Err(ConvertError::store(p.src, key, e)),
-    }
-}
-
-/// Puts `bytes` at `key` durably, where nothing is: something there is a writer's.
-fn put_where_nothing_is(p: &Packer, key: &Path, bytes: Bytes) -> Result<(), ConvertError> {
-    let mut durable = || {};
-    let put = p.src.put_within(
-        crate::backing::lock::Within::path(Path::new("")),
-        key,
-        &[bytes],
-        Precondition::Absent,
-        Some(&mut durable),
-    );
-    match put {
         Ok(_) => Ok(()),
         Err(crate::store::StoreError::Conflict(_)) => Err(written_after_switch(p, key)),
         Err(e) => Err(ConvertError::store(p.src, key, e)),
@@ -630,22 +620,31 @@ fn clean(p: &Packer, dir: &Path, plans: &Plans) -> Result<(), ConvertError> {
         .map_err(|e| ConvertError::store(p.src, &state, e))
 }
 
-/// `put_document`, durably and only over the version `tag`.
-fn put_document_if(p: &Packer, dir: &Path, node: &Node, tag: String) -> Result<(), ConvertError> {
-    let key = dir.join(METADATA_FILE);
+/// Puts `bytes` at `key` durably if `when` holds; a conflict is a writer's doing
+/// (`written_after_switch`). Returns the version put.
+fn put_durably_if(
+    p: &Packer,
+    key: &Path,
+    bytes: Bytes,
+    when: Precondition,
+) -> Result<String, ConvertError> {
     let mut durable = || {};
     let put = p.src.put_within(
         crate::backing::lock::Within::path(Path::new("")),
-        &key,
-        &[Bytes::from(node.to_json_bytes())],
-        Precondition::Matches(tag),
+        key,
+        &[bytes],
+        when,
         Some(&mut durable),
     );
     match put {
-        Ok(_) => Ok(()),
-        Err(crate::store::StoreError::Conflict(_)) => Err(written_after_switch(p, &key)),
-        Err(e) => Err(ConvertError::store(p.src, &key, e)),
+        Ok(info) => Ok(info.tag),
+        Err(crate::store::StoreError::Conflict(_)) => Err(written_after_switch(p, key)),
+        Err(e) => Err(ConvertError::store(p.src, key, e)),
     }
+}
+
+fn node_bytes(node: &Node) -> Bytes {
+    Bytes::from(node.to_json_bytes())
 }
 
 fn put_document(p: &Packer, dir: &Path, node: &Node) -> Result<(), ConvertError> {
