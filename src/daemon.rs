@@ -413,7 +413,9 @@ pub fn run_foreground(config: &MountConfig, ready: Option<OwnedFd>) -> Result<()
     drop(ready);
     if !heard {
         error!("the `shardfs mount` that started this daemon is gone (interrupted): unmounting");
-        let _ = detach(&config.mountpoint);
+        if let Err(e) = detach(&config.mountpoint) {
+            error!("the unwanted mount could not be detached: {e}");
+        }
     }
     let _ = notifier.set(session.notifier());
     let result = serve(session);

@@ -90,11 +90,11 @@ pub struct Entry<'a> {
 }
 
 impl Entry<'_> {
-    /// What its record says besides its bytes: the prior state, and the time now.
+    /// What its record says besides its bytes: the prior state, and the time now, on the
+    /// clock every content time is taken on (`memfile::now_ns`: the store's, on an object
+    /// store), as replay compares it with those.
     pub fn stamp(&self) -> record::Stamp {
-        let at = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
+        let at = crate::core::pending::memfile::now_ns();
         record::Stamp { was: self.was, at }
     }
 }

@@ -213,9 +213,8 @@ impl Published {
 
     /// Takes the store's version of `rel` (or its absence) into `local` and its tag.
     fn refresh(&self, local: &Backing, rel: &Path) {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
+        // On the clock the files' times are taken on (`memfile::now_ns`), as `put` compares.
+        let now = crate::core::pending::memfile::now_ns();
         lock(&self.taken_at).insert(rel.to_path_buf(), now);
         let got = match self.store.get(rel, MAX_MIRRORED) {
             Ok(got) => got,
@@ -403,7 +402,8 @@ const PARALLEL_GETS: usize = 32;
 /// Objects fetched before they are written into the mirror (what is held in memory).
 const GETS_PER_BATCH: usize = 256;
 
-/// Copies the store's files `keys` into the mirror, fetched `PARALLEL_GETS` at a time.
+/// Copies the store's files `keys` into the mirror, `PARALLEL_GETS` at a time, each
+/// written as it arrives (at most that many files held in memory).
 fn pull_files(
     store: &dyn Store,
     local: &Backing,
@@ -412,31 +412,79 @@ fn pull_files(
 ) -> Result<(), StoreError> {
     for batch in keys.chunks(GETS_PER_BATCH) {
         let next = std::sync::atomic::AtomicUsize::new(0);
-        let got: Mutex<Vec<Option<Fetched>>> = Mutex::new((0..batch.len()).map(|_| None).collect());
+        let kept: Mutex<Vec<Option<Fetched>>> =
+            Mutex::new((0..batch.len()).map(|_| None).collect());
         std::thread::scope(|scope| {
             for _ in 0..PARALLEL_GETS.min(batch.len()) {
                 scope.spawn(|| {
                     loop {
                         let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         let Some(key) = batch.get(i) else { break };
-                        let one = store.get(key, MAX_MIRRORED);
-                        lock(&got)[i] = Some(one);
+                        let one = store.get(key, MAX_MIRRORED).map(|got| {
+                            got.map(|got| write_file(local, key, got).map(|(_, kept)| kept))
+                        });
+                        lock(&kept)[i] = Some(one.and_then(|o| o.transpose()));
                     }
                 });
             }
         });
-        let got = got.into_inner().unwrap_or_else(|e| e.into_inner());
-        for (key, one) in batch.iter().zip(got) {
-            if let Some(Some(one)) = one.map(Result::transpose) {
-                keep_file(local, key, one, found)?;
+        let kept = kept.into_inner().unwrap_or_else(|e| e.into_inner());
+        for (key, one) in batch.iter().zip(kept) {
+            match one {
+                // Removed since it was listed.
+                None | Some(Ok(None)) => {}
+                Some(Ok(Some(kept))) => note_kept(found, key, kept),
+                Some(Err(e)) => {
+                    if !too_large(found, key, &e) {
+                        return Err(e);
+                    }
+                }
             }
         }
     }
     Ok(())
 }
 
-/// What fetching one object gave.
-type Fetched = Result<Option<(Bytes, crate::store::ObjectInfo)>, StoreError>;
+/// What became of a file fetched for the mirror: its tag, or why the tree cannot show it.
+enum Kept {
+    Tag(String),
+    Skipped(io::Error),
+}
+
+/// Fetched once: `Ok(None)` removed since listed.
+type Fetched = Result<Option<Kept>, StoreError>;
+
+/// Writes a fetched file into the mirror.
+fn write_file(
+    local: &Backing,
+    key: &Path,
+    (bytes, info): (Bytes, crate::store::ObjectInfo),
+) -> Result<(Bytes, Kept), StoreError> {
+    match local.write_atomic(key, std::slice::from_ref(&bytes), false, None) {
+        Ok(_) => Ok((bytes, Kept::Tag(info.tag))),
+        Err(e) if unshowable(&e) => Ok((bytes, Kept::Skipped(e))),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn note_kept(found: &mut Mirrored, key: &Path, kept: Kept) {
+    match kept {
+        Kept::Tag(tag) => {
+            found.tags.insert(key.to_path_buf(), tag);
+        }
+        Kept::Skipped(e) => skip(found, key, &e),
+    }
+}
+
+/// Whether `e` says the object is larger than the mirror holds (noted, skipped).
+fn too_large(found: &mut Mirrored, key: &Path, e: &StoreError) -> bool {
+    let large = matches!(e, StoreError::Io(e) if e.raw_os_error() == Some(libc::EFBIG));
+    if large {
+        found.skipped.push(key.display().to_string());
+        warn!(key = %key.display(), "larger than {MAX_MIRRORED} bytes: not shown");
+    }
+    large
+}
 
 /// Writes the store's file `key`, as fetched, into the mirror; returns its bytes (also when
 /// the mirror cannot hold its name, skipped), or `None` when too large.
@@ -446,25 +494,13 @@ fn keep_file(
     got: Result<(Bytes, crate::store::ObjectInfo), StoreError>,
     found: &mut Mirrored,
 ) -> Result<Option<Bytes>, StoreError> {
-    let (bytes, info) = match got {
-        Ok(got) => got,
-        Err(StoreError::Io(e)) if e.raw_os_error() == Some(libc::EFBIG) => {
-            found.skipped.push(key.display().to_string());
-            warn!(key = %key.display(), "larger than {MAX_MIRRORED} bytes: not shown");
-            return Ok(None);
-        }
-        Err(e) => return Err(e),
-    };
-    match local.write_atomic(key, std::slice::from_ref(&bytes), false, None) {
-        Ok(_) => {
-            found.tags.insert(key.to_path_buf(), info.tag);
+    match got.and_then(|got| write_file(local, key, got)) {
+        Ok((bytes, kept)) => {
+            note_kept(found, key, kept);
             Ok(Some(bytes))
         }
-        Err(e) if unshowable(&e) => {
-            skip(found, key, &e);
-            Ok(Some(bytes))
-        }
-        Err(e) => Err(e.into()),
+        Err(e) if too_large(found, key, &e) => Ok(None),
+        Err(e) => Err(e),
     }
 }
 

@@ -49,8 +49,11 @@ type Swap = ((usize, usize), (usize, usize));
 fn collect(now: &Span, old: &Span, now_text: &[u8], old_text: &[u8], swaps: &mut Vec<Swap>) {
     match (&now.inside, &old.inside) {
         (Inside::Object(n), Inside::Object(o)) => {
+            // By key (a consolidated group may have tens of thousands of entries).
+            let old_members: std::collections::HashMap<&str, &Span> =
+                o.iter().map(|(k, v)| (k.as_str(), v)).collect();
             for (key, child) in n {
-                if let Some((_, was)) = o.iter().find(|(k, _)| k == key) {
+                if let Some(was) = old_members.get(key.as_str()) {
                     collect(child, was, now_text, old_text, swaps);
                 }
             }
