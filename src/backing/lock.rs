@@ -170,8 +170,6 @@ impl Backing {
                 Wait::No if try_lock(&file)? => {}
                 Wait::No => return Ok(None),
             }
-            // Still the file that bears the lock's name? Else its holder renamed or removed
-            // it while we waited: our lock guards nothing.
             let held = file.metadata()?;
             let links = std::os::unix::fs::MetadataExt::nlink(&held);
             // Still the file that bears the lock's name? Else its holder renamed (tensorstore)
@@ -402,16 +400,23 @@ pub fn key_of_staged(name: &str) -> Option<&str> {
         .filter(|key| !key.is_empty())
 }
 
-/// Takes an exclusive open-file-description lock on the whole file without waiting.
-/// Returns whether it was taken (someone else holds it otherwise).
-pub fn try_lock(file: &File) -> io::Result<bool> {
+/// An exclusive open-file-description lock request for the whole file, sent as `cmd`
+/// (F_OFD_SETLK, F_OFD_GETLK): the call's result and the request as the kernel left it.
+fn whole_file_lock(file: &File, cmd: libc::c_int) -> (libc::c_int, libc::flock) {
     // SAFETY: a zeroed `flock` is valid; the fields set below describe the whole file.
     let mut fl: libc::flock = unsafe { std::mem::zeroed() };
     fl.l_type = libc::F_WRLCK as _;
     fl.l_whence = libc::SEEK_SET as _;
-    // SAFETY: a valid descriptor and a pointer to a properly initialised struct.
-    let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &fl) };
-    if rc == 0 {
+    // SAFETY: a valid descriptor and a pointer to a properly initialised struct, which
+    // F_OFD_GETLK fills in.
+    let rc = unsafe { libc::fcntl(file.as_raw_fd(), cmd, &mut fl) };
+    (rc, fl)
+}
+
+/// Takes an exclusive open-file-description lock on the whole file without waiting.
+/// Returns whether it was taken (someone else holds it otherwise).
+pub fn try_lock(file: &File) -> io::Result<bool> {
+    if whole_file_lock(file, libc::F_OFD_SETLK).0 == 0 {
         return Ok(true);
     }
     let e = io::Error::last_os_error();
@@ -424,13 +429,7 @@ pub fn try_lock(file: &File) -> io::Result<bool> {
 /// Whether someone holds a lock on `file` that an exclusive lock would wait for (asked
 /// without taking one: F_OFD_GETLK).
 pub fn held_by_someone(file: &File) -> bool {
-    // SAFETY: a zeroed `flock` is valid; the fields set below describe the whole file.
-    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-    fl.l_type = libc::F_WRLCK as _;
-    fl.l_whence = libc::SEEK_SET as _;
-    // SAFETY: a valid descriptor and a pointer to a properly initialised struct, which the
-    // call fills in.
-    let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_GETLK, &mut fl) };
+    let (rc, fl) = whole_file_lock(file, libc::F_OFD_GETLK);
     rc == 0 && i32::from(fl.l_type) != libc::F_UNLCK
 }
 
@@ -449,13 +448,7 @@ pub fn stop_waiting() {
 fn lock_exclusive(file: &File, start: Instant) -> io::Result<()> {
     let mut step = Duration::from_millis(1);
     loop {
-        // SAFETY: a zeroed `flock` is valid; the fields set below describe the whole file.
-        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-        fl.l_type = libc::F_WRLCK as _;
-        fl.l_whence = libc::SEEK_SET as _;
-        // SAFETY: a valid descriptor and a pointer to a properly initialised struct.
-        let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &fl) };
-        if rc == 0 {
+        if whole_file_lock(file, libc::F_OFD_SETLK).0 == 0 {
             return Ok(());
         }
         let e = io::Error::last_os_error();

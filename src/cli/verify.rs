@@ -6,7 +6,7 @@ use std::path::Path;
 use super::scan::{key_files, read_node};
 use super::{CliError, Verdict};
 use crate::grid;
-use crate::shard::read_index;
+use crate::shard::{ChunkRange, read_index};
 use crate::zarr::layout::{fixed_chunk_bytes, regular_chunk_shape};
 use crate::zarr::transparent;
 use crate::zarr::unsharded_view;
@@ -167,14 +167,20 @@ impl Checker {
             match read_index(&file, len, &layout.index) {
                 Err(e) => self.problem(&f.path, e),
                 Ok(index) => {
+                    let shard = Shard {
+                        path: &f.path,
+                        layout: &layout,
+                        coords: &f.coords,
+                        index: &index,
+                    };
                     if let Some(size) = fixed {
-                        self.chunk_sizes(&f.path, &layout, &f.coords, &index, size);
+                        self.each_chunk(&shard, |range| chunk_size_fault(range, size));
                     }
                     if let Some(z) = compressed {
-                        self.chunk_frames(&file, &f.path, &layout, &f.coords, &index, z.max);
+                        self.each_chunk(&shard, |range| frame_fault(&file, range, z.max));
                     }
                     if checksummed {
-                        self.chunk_checksums(&file, &f.path, &layout, &f.coords, &index);
+                        self.each_chunk(&shard, |range| checksum_fault(&file, range));
                     }
                 }
             }
@@ -182,86 +188,59 @@ impl Checker {
         Ok(())
     }
 
-    /// Every chunk of an array a mount compresses (`zarr::transparent`) must be a zstd
-    /// frame that declares its raw size (as the mount writes them).
-    fn chunk_frames(
-        &mut self,
-        file: &File,
-        path: &Path,
-        layout: &ShardLayout,
-        shard: &[u64],
-        index: &crate::shard::ShardIndex,
-        raw: u64,
-    ) {
-        for (pos, range) in index.present() {
-            let head = crate::shard::read_chunk_part(file, range, 0, transparent::HEADER_MAX);
-            let declared = head.ok().and_then(|h| transparent::content_size(&h));
-            if declared != Some(raw) {
-                let coords = layout.chunk_coords(shard, pos);
-                let said = declared.map_or("no size".to_string(), |n| format!("{n} bytes"));
-                self.problem(
-                    path,
-                    format!(
-                        "chunk {coords:?} is not a zstd frame of {raw} bytes (its header \
-                         says {said}); the mount compresses this array's raw chunks"
-                    ),
-                );
+    /// Checks every chunk of `shard`: `fault` says what is wrong with the chunk at a range.
+    fn each_chunk(&mut self, shard: &Shard, fault: impl Fn(ChunkRange) -> Option<String>) {
+        for (pos, range) in shard.index.present() {
+            if let Some(fault) = fault(range) {
+                let coords = shard.layout.chunk_coords(shard.coords, pos);
+                self.problem(shard.path, format!("chunk {coords:?} {fault}"));
             }
         }
     }
+}
 
-    /// Every chunk whose codecs end with `crc32c` must match its checksum (its last four
-    /// bytes, little-endian, over the bytes before them).
-    fn chunk_checksums(
-        &mut self,
-        file: &File,
-        path: &Path,
-        layout: &ShardLayout,
-        shard: &[u64],
-        index: &crate::shard::ShardIndex,
-    ) {
-        for (pos, range) in index.present() {
-            let coords = layout.chunk_coords(shard, pos);
-            let bytes = crate::shard::read_whole_chunk(file, range, crate::limits::MAX_FILE_BYTES);
-            let fault = match bytes {
-                Err(e) => Some(format!("chunk {coords:?} cannot be read: {e}")),
-                Ok(b) if b.len() < 4 => {
-                    Some(format!("chunk {coords:?} is shorter than its checksum"))
-                }
-                Ok(b) => {
-                    let (data, sum) = b.split_at(b.len() - 4);
-                    let stored = u32::from_le_bytes([sum[0], sum[1], sum[2], sum[3]]);
-                    (crc32c::crc32c(data) != stored)
-                        .then(|| format!("chunk {coords:?} does not match its crc32c"))
-                }
-            };
-            if let Some(fault) = fault {
-                self.problem(path, fault);
-            }
-        }
-    }
+/// A shard file whose index was read.
+struct Shard<'a> {
+    path: &'a Path,
+    layout: &'a ShardLayout,
+    coords: &'a [u64],
+    index: &'a crate::shard::ShardIndex,
+}
 
-    /// Every chunk of a shard whose codecs fix its size must have that size.
-    fn chunk_sizes(
-        &mut self,
-        path: &Path,
-        layout: &ShardLayout,
-        shard: &[u64],
-        index: &crate::shard::ShardIndex,
-        size: u64,
-    ) {
-        for (pos, range) in index.present() {
-            if range.nbytes != size {
-                let coords = layout.chunk_coords(shard, pos);
-                self.problem(
-                    path,
-                    format!(
-                        "chunk {coords:?} is {} bytes; its codecs (no compression) make \
-                         every chunk {size} bytes",
-                        range.nbytes
-                    ),
-                );
-            }
+/// Every chunk of a shard whose codecs fix its size must have that size.
+fn chunk_size_fault(range: ChunkRange, size: u64) -> Option<String> {
+    (range.nbytes != size).then(|| {
+        format!(
+            "is {} bytes; its codecs (no compression) make every chunk {size} bytes",
+            range.nbytes
+        )
+    })
+}
+
+/// Every chunk of an array a mount compresses (`zarr::transparent`) must be a zstd frame
+/// that declares its raw size (as the mount writes them).
+fn frame_fault(file: &File, range: ChunkRange, raw: u64) -> Option<String> {
+    let head = crate::shard::read_chunk_part(file, range, 0, transparent::HEADER_MAX);
+    let declared = head.ok().and_then(|h| transparent::content_size(&h));
+    (declared != Some(raw)).then(|| {
+        let said = declared.map_or("no size".to_string(), |n| format!("{n} bytes"));
+        format!(
+            "is not a zstd frame of {raw} bytes (its header says {said}); the mount \
+             compresses this array's raw chunks"
+        )
+    })
+}
+
+/// Every chunk whose codecs end with `crc32c` must match its checksum (its last four
+/// bytes, little-endian, over the bytes before them).
+fn checksum_fault(file: &File, range: ChunkRange) -> Option<String> {
+    match crate::shard::read_whole_chunk(file, range, crate::limits::MAX_FILE_BYTES) {
+        Err(e) => Some(format!("cannot be read: {e}")),
+        Ok(b) if b.len() < 4 => Some("is shorter than its checksum".into()),
+        Ok(b) => {
+            let (data, sum) = b.split_at(b.len() - 4);
+            let stored = u32::from_le_bytes([sum[0], sum[1], sum[2], sum[3]]);
+            (crc32c::crc32c(data) != stored).then(|| "does not match its crc32c".into())
         }
     }
 }

@@ -207,8 +207,8 @@ fn header(kind: u8, len: u64, crc: u32) -> Vec<u8> {
     h
 }
 
-/// Decodes the records of a segment, in order, up to the first one that does not hold.
-/// Returns them and the length of the valid prefix.
+/// The intact records of a segment (`decode_file`) and where the last of them ends.
+#[cfg(test)]
 pub fn decode_all(bytes: &Bytes) -> (Vec<Record>, usize) {
     let d = decode_file(bytes);
     (d.records, d.intact_end)

@@ -112,41 +112,39 @@ fn value(t: &[u8], at: &mut usize) -> Option<Span> {
 }
 
 fn members(t: &[u8], at: &mut usize) -> Option<Vec<(String, Span)>> {
-    *at += 1;
-    let mut out = Vec::new();
-    loop {
+    items(t, at, b'}', |t, at| {
+        let key_start = *at;
+        string_end(t, at)?;
+        let key: String = serde_json::from_slice(&t[key_start..*at]).ok()?;
         skip_space(t, at);
-        match *t.get(*at)? {
-            b'}' => {
-                *at += 1;
-                return Some(out);
-            }
-            b',' => *at += 1,
-            _ => {
-                let key_start = *at;
-                string_end(t, at)?;
-                let key: String = serde_json::from_slice(&t[key_start..*at]).ok()?;
-                skip_space(t, at);
-                (*t.get(*at)? == b':').then_some(())?;
-                *at += 1;
-                out.push((key, value(t, at)?));
-            }
-        }
-    }
+        (*t.get(*at)? == b':').then_some(())?;
+        *at += 1;
+        Some((key, value(t, at)?))
+    })
 }
 
 fn elements(t: &[u8], at: &mut usize) -> Option<Vec<Span>> {
+    items(t, at, b']', value)
+}
+
+/// The items of the object or array opening at `at`, each read by `item`, up to `close`.
+fn items<T>(
+    t: &[u8],
+    at: &mut usize,
+    close: u8,
+    item: impl Fn(&[u8], &mut usize) -> Option<T>,
+) -> Option<Vec<T>> {
     *at += 1;
     let mut out = Vec::new();
     loop {
         skip_space(t, at);
         match *t.get(*at)? {
-            b']' => {
+            b if b == close => {
                 *at += 1;
                 return Some(out);
             }
             b',' => *at += 1,
-            _ => out.push(value(t, at)?),
+            _ => out.push(item(t, at)?),
         }
     }
 }

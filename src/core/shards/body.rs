@@ -92,20 +92,10 @@ impl ShardRegistry {
             shared.push((slot, taken, unbooked));
         }
         #[cfg(test)]
-        PAUSE_BEFORE_APPEND.with_borrow(|pause| {
-            if let Some(barrier) = pause {
-                barrier.wait();
-                barrier.wait();
-            }
-        });
+        pause_for_tests();
         self.append_shared(backing, journal, shared)?;
         #[cfg(test)]
-        PAUSE_BEFORE_APPEND.with_borrow(|pause| {
-            if let Some(barrier) = pause {
-                barrier.wait();
-                barrier.wait();
-            }
-        });
+        pause_for_tests();
         if self.journal_moves(backing, files)? {
             journal.sync_all()?;
         }
@@ -402,6 +392,17 @@ impl Drop for Unbooked {
     fn drop(&mut self) {
         self.count.fetch_sub(self.n, Ordering::SeqCst);
     }
+}
+
+/// Where a test asked this thread to stop (`PAUSE_BEFORE_APPEND`): arrived, then let go.
+#[cfg(test)]
+fn pause_for_tests() {
+    PAUSE_BEFORE_APPEND.with_borrow(|pause| {
+        if let Some(barrier) = pause {
+            barrier.wait();
+            barrier.wait();
+        }
+    });
 }
 
 #[cfg(test)]
