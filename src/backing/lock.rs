@@ -338,12 +338,35 @@ impl KeyLock {
                 Err(rustix::io::Errno::EXIST) if tries < 4 => {
                     tracing::info!(staged = %staged_name.to_string_lossy(),
                         "a staged file left by a writer that stopped: removed");
-                    let _ = rustix::fs::unlinkat(&self.dir, &staged_name, AtFlags::empty());
+                    // A directory there (someone made it, through the mount or in BACKING)
+                    // goes too when empty; one that is not keeps the name taken.
+                    let removed = rustix::fs::unlinkat(&self.dir, &staged_name, AtFlags::empty())
+                        .or_else(|_| {
+                            rustix::fs::unlinkat(&self.dir, &staged_name, AtFlags::REMOVEDIR)
+                        });
+                    if removed.is_err() && tries == 3 {
+                        // Never blocked for good by what someone put there: a name of its
+                        // own this once (a leftover of it is removed by `clear_leftovers`
+                        // only if it has the fixed name, so one may stay after a kill).
+                        return self.create_staged_elsewhere();
+                    }
                 }
                 Err(e) => return Err(errno(e)),
             }
             tries += 1;
         }
+    }
+
+    /// A staged file under a random name (`.KEY.shardfs-staged-<hex>`), for when the fixed
+    /// one is taken by something that cannot be removed (a directory holding files).
+    fn create_staged_elsewhere(&self) -> io::Result<(OsString, File)> {
+        let flags =
+            OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let mut name = staged_name(&self.name);
+        name.push(format!("-{:016x}", super::temp_token()));
+        let fd = rustix::fs::openat(&self.dir, &name, flags, Mode::from_raw_mode(0o600))
+            .map_err(errno)?;
+        Ok((name, File::from(fd)))
     }
 
     /// Removes the key. Returns whether it was there.
@@ -586,6 +609,27 @@ mod tests {
         drop(second);
         waiter.join().unwrap();
         assert!(waiter_has_it.load(Ordering::SeqCst));
+    }
+
+    /// A directory someone made at the staged name (empty, or holding a file) never keeps
+    /// the key from being written.
+    #[test]
+    fn a_directory_at_the_staged_name_never_blocks_the_key() {
+        let root = tempfile::tempdir().unwrap();
+        let b = Backing::new(root.path().to_path_buf()).unwrap();
+        let staged = root.path().join(format!("c/.0{STAGED_SUFFIX}"));
+        fs::create_dir_all(&staged).unwrap();
+        let key = b.lock_key(Path::new("c/0")).unwrap();
+        key.replace(&[Bytes::from_static(b"one")], Durability::Now)
+            .unwrap();
+        drop(key);
+        assert!(!staged.exists(), "an empty directory is removed");
+        fs::create_dir_all(staged.join("inside")).unwrap();
+        let key = b.lock_key(Path::new("c/0")).unwrap();
+        key.replace(&[Bytes::from_static(b"two")], Durability::Now)
+            .unwrap();
+        drop(key);
+        assert_eq!(fs::read(root.path().join("c/0")).unwrap(), b"two");
     }
 
     #[test]
